@@ -1,0 +1,44 @@
+"""One place to build environments by name: metarl's own JAX environments, then gymnax's.
+
+``make(name)`` returns ``(env, env_params)`` with the gymnax 1.0 interface (six-value ``step``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+# gymnax 1.0 imports `six` without declaring it; the project depends on it (see pyproject).
+import gymnax
+
+_REGISTRY: dict[str, Callable[..., tuple[Any, Any]]] = {}
+
+
+def register(name: str, factory: Callable[..., tuple[Any, Any]]) -> None:
+    """Register ``factory(**kwargs) -> (env, env_params)`` under ``name``."""
+    _REGISTRY[name] = factory
+
+
+def available() -> list[str]:
+    """Every environment name ``make`` accepts."""
+    return sorted(set(_REGISTRY) | set(gymnax.registered_envs))
+
+
+def make(name: str, **kwargs) -> tuple[Any, Any]:
+    if name in _REGISTRY:
+        return _REGISTRY[name](**kwargs)
+    if name in gymnax.registered_envs:
+        return gymnax.make(name, **kwargs)
+    raise ValueError(f"env: unknown environment {name!r}; allowed: {', '.join(available())}")
+
+
+def check_name(name: str, field: str = "env") -> None:
+    """Raise a one-line ValueError naming ``field`` if ``name`` is not a known environment."""
+    if name not in _REGISTRY and name not in gymnax.registered_envs:
+        raise ValueError(f"{field}: unknown environment {name!r}; allowed: {', '.join(available())}")
+
+
+def _register_builtin() -> None:
+    # Imported here, after `register` exists, because each module registers itself on import.
+    from inner_loops.envs import doors, gridworld  # noqa: F401
+
+
+_register_builtin()

@@ -1,0 +1,380 @@
+"""PPO for any gymnax environment, end to end in one jitted function, with seams for learned parts.
+
+    import jax
+    from inner_loops.ppo import PPOConfig, make_train
+
+    config = PPOConfig(env="CartPole-v1", total_timesteps=100_000)
+    params, metrics = jax.jit(make_train(config))(jax.random.key(0))
+    metrics["episode_return"]            # one scalar per update
+
+The config splits in two. Fields that set shapes or the program (env, num_envs, num_steps, budgets,
+epochs, minibatches, network sizes) are static: changing them recompiles. The float hyperparameters
+(lr, gamma, gae_lambda, clip_eps, ent_coef, vf_coef, max_grad_norm) are pytree leaves, so a population
+of them vmaps through one compilation:
+
+    lrs = jnp.array([1e-4, 3e-4, 1e-3])
+    jax.vmap(lambda lr, k: make_train(config.replace(lr=lr))(k))(lrs, keys)
+
+Two seams take meta-learned components (see ``inner_loops.components``): ``value_loss`` (per-sample
+loss from prediction, old prediction and target) and ``policy_objective`` (per-sample objective from
+probability ratio and advantage). Their defaults are PPO's clipped value loss and clipped surrogate.
+``train(key, meta_params)`` hands ``meta_params["value_loss"]`` and ``meta_params["policy_objective"]``
+to them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from gymnax.environments import spaces
+
+from inner_loops import envs as envs_lib
+from inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, Component
+from inner_loops.networks import (
+    ACTIVATIONS,
+    ActorCritic,
+    categorical_entropy,
+    categorical_log_prob,
+    gaussian_entropy,
+    gaussian_log_prob,
+)
+
+
+def _static(default):
+    return struct.field(pytree_node=False, default=default)
+
+
+@struct.dataclass
+class PPOConfig:
+    """PPO settings. Static fields recompile when changed; float fields may be traced arrays."""
+
+    env: str = _static("CartPole-v1")
+    num_envs: int = _static(4)
+    num_steps: int = _static(128)
+    total_timesteps: int = _static(500_000)
+    update_epochs: int = _static(4)
+    num_minibatches: int = _static(4)
+    hidden_sizes: tuple = _static((64, 64))
+    activation: str = _static("tanh")
+    anneal_lr: bool = _static(True)
+    clip_value_loss: bool = _static(True)
+    normalize_advantages: bool = _static(True)
+    # Unrolling the rollout scan trades compile time for fewer loop iterations per update.
+    rollout_unroll: int = _static(4)
+
+    lr: float = 2.5e-4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+
+    # --- derived sizes -----------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    @property
+    def frames_per_run(self) -> int:
+        """Environment frames one training run really steps (whole updates only)."""
+        return self.num_updates * self.batch_size
+
+    def validate(self) -> "PPOConfig":
+        """Raise a one-line ValueError naming the first bad field; traced values are not checked."""
+        envs_lib.check_name(self.env, "env")
+        for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
+                     "rollout_unroll"):
+            _check_positive_int(name, getattr(self, name))
+        if self.total_timesteps < self.batch_size:
+            raise ValueError(
+                f"total_timesteps: {self.total_timesteps} is less than one update of "
+                f"num_envs * num_steps = {self.batch_size}; allowed: >= {self.batch_size}")
+        if self.batch_size % self.num_minibatches:
+            raise ValueError(
+                f"num_minibatches: {self.num_minibatches} does not divide the batch of "
+                f"num_envs * num_steps = {self.batch_size}; allowed: a divisor of {self.batch_size}")
+        if not self.hidden_sizes or any(not isinstance(h, (int, np.integer)) or h <= 0
+                                        for h in self.hidden_sizes):
+            raise ValueError(f"hidden_sizes: {self.hidden_sizes!r}; allowed: a non-empty tuple of positive ints")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation: {self.activation!r}; allowed: {', '.join(ACTIVATIONS)}")
+        _check_range("lr", self.lr, low=0.0, low_open=True)
+        _check_range("gamma", self.gamma, low=0.0, high=1.0)
+        _check_range("gae_lambda", self.gae_lambda, low=0.0, high=1.0)
+        _check_range("clip_eps", self.clip_eps, low=0.0, low_open=True)
+        _check_range("ent_coef", self.ent_coef, low=0.0)
+        _check_range("vf_coef", self.vf_coef, low=0.0)
+        _check_range("max_grad_norm", self.max_grad_norm, low=0.0, low_open=True)
+        return self
+
+
+HYPERPARAMETERS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
+
+
+def _concrete(x):
+    """The Python float of ``x``, or None when ``x`` is traced (then it cannot be checked)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    arr = np.asarray(x)
+    return float(arr) if arr.ndim == 0 else None
+
+
+def _check_positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{name}: {value!r}; allowed: a positive integer")
+
+
+def _check_range(name, value, low=None, high=None, low_open=False):
+    v = _concrete(value)
+    if v is None:
+        return
+    too_low = low is not None and (v <= low if low_open else v < low)
+    too_high = high is not None and v > high
+    if too_low or too_high or not np.isfinite(v):
+        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
+        hi = "" if high is None else f"<= {high}"
+        raise ValueError(f"{name}: {v!r}; allowed: {' and '.join(s for s in (lo, hi) if s)}")
+
+
+# --- transitions and the maths ------------------------------------------------------------------
+
+class Batch(NamedTuple):
+    """One update's data, flattened to (batch, ...)."""
+
+    obs: jax.Array
+    action: jax.Array
+    log_prob: jax.Array
+    value: jax.Array
+    advantage: jax.Array
+    target: jax.Array
+
+
+def compute_gae(rewards, values, dones, last_value, gamma, gae_lambda, unroll: int = 16):
+    """Generalised advantage estimates over time-major arrays of shape (T, ...).
+
+    ``dones[t]`` says that the observation after step t starts a new episode, so nothing is bootstrapped
+    across it. Truncation is handled by the caller folding ``gamma * V(final_obs)`` into the reward.
+    Returns ``(advantages, targets)`` with ``targets = advantages + values``.
+    """
+    next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
+    not_done = 1.0 - dones.astype(values.dtype)
+    deltas = rewards + gamma * next_values * not_done - values
+    decay = gamma * gae_lambda * not_done
+
+    def step(gae, xs):
+        delta, d = xs
+        gae = delta + d * gae
+        return gae, gae
+
+    _, advantages = jax.lax.scan(step, jnp.zeros_like(last_value), (deltas, decay),
+                                 reverse=True, unroll=unroll)
+    return advantages, advantages + values
+
+
+def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,
+             value_loss: Component, policy_objective: Component, continuous: bool):
+    """PPO's loss on a minibatch; returns ``(loss, (value_loss, policy_loss, entropy, approx_kl))``."""
+    (pi_out, log_std), value = apply_fn(params, batch.obs)
+    if continuous:
+        log_prob = gaussian_log_prob(pi_out, log_std, batch.action)
+        entropy = gaussian_entropy(log_std, log_prob.shape)
+    else:
+        log_prob = categorical_log_prob(pi_out, batch.action)
+        entropy = categorical_entropy(pi_out)
+
+    v_loss = value_loss.apply(_meta(meta_params, "value_loss"), value, batch.value, batch.target, config).mean()
+
+    log_ratio = log_prob - batch.log_prob
+    ratio = jnp.exp(log_ratio)
+    adv = batch.advantage
+    if config.normalize_advantages:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    objective = policy_objective.apply(_meta(meta_params, "policy_objective"), ratio, adv, config)
+    pg_loss = -objective.mean()
+    ent = entropy.mean()
+    total = pg_loss + config.vf_coef * v_loss - config.ent_coef * ent
+    approx_kl = ((ratio - 1.0) - log_ratio).mean()
+    return total, (v_loss, pg_loss, ent, approx_kl)
+
+
+def _meta(meta_params, name):
+    if meta_params is None:
+        return None
+    if isinstance(meta_params, dict):
+        return meta_params.get(name)
+    raise TypeError("meta_params must be None or a dict keyed by seam name "
+                    "('value_loss', 'policy_objective')")
+
+
+# --- training -----------------------------------------------------------------------------------
+
+def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
+               policy_objective: Component = CLIPPED_SURROGATE,
+               ) -> Callable[[jax.Array, Any], tuple[Any, dict[str, jax.Array]]]:
+    """Validate ``config`` and return ``train(key, meta_params=None) -> (params, metrics)``.
+
+    ``metrics`` maps names to arrays of shape (num_updates,): ``episode_return`` (mean return of the
+    episodes that ended during the update; carried over from the previous update when none ended, 0
+    before the first), ``episodes`` (how many ended), ``value_loss``, ``policy_loss``, ``entropy`` and
+    ``approx_kl`` (means over the update's minibatches).
+    """
+    config.validate()
+    env, env_params, network = make_agent(config)
+    continuous = network.continuous
+    if continuous:
+        action_space = env.action_space(env_params)
+        low = jnp.broadcast_to(jnp.asarray(action_space.low, jnp.float32), (network.action_dim,))
+        high = jnp.broadcast_to(jnp.asarray(action_space.high, jnp.float32), (network.action_dim,))
+    action_dim = network.action_dim
+    n_envs, n_steps = config.num_envs, config.num_steps
+    n_updates, n_mb = config.num_updates, config.num_minibatches
+    mb_size, batch_size = config.minibatch_size, config.batch_size
+
+    def flat(obs):
+        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+
+    v_reset = jax.vmap(env.reset, in_axes=(0, None))
+    v_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+    def train(key, meta_params=None):
+        k_init, k_reset, k_run = jax.random.split(key, 3)
+        obs, env_state = v_reset(jax.random.split(k_reset, n_envs), env_params)
+        params = network.init(k_init, flat(obs))
+
+        if config.anneal_lr:
+            steps_per_update = config.update_epochs * n_mb
+            def lr_schedule(count):
+                return config.lr * (1.0 - (count // steps_per_update) / n_updates)
+        else:
+            lr_schedule = config.lr
+        tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                         optax.adam(lr_schedule, eps=1e-5))
+        opt_state = tx.init(params)
+
+        def loss_fn(p, mb):
+            return ppo_loss(p, network.apply, mb, config, meta_params, value_loss, policy_objective,
+                            continuous)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+        def update(carry, key):
+            params, opt_state, env_state, obs, ep_return, last_mean = carry
+            k_act, k_env, k_perm = jax.random.split(key, 3)
+            # Every random number of the rollout in two draws, not two per step.
+            if continuous:
+                noise = jax.random.normal(k_act, (n_steps, n_envs, action_dim))
+            else:
+                noise = jax.random.gumbel(k_act, (n_steps, n_envs, action_dim))
+            env_keys = jax.random.split(k_env, (n_steps, n_envs))
+
+            def env_step(c, xs):
+                env_state, obs, ep_return = c
+                eps, keys = xs
+                fobs = flat(obs)
+                (pi_out, log_std), value = network.apply(params, fobs)
+                if continuous:
+                    action = pi_out + jnp.exp(log_std) * eps
+                    log_prob = gaussian_log_prob(pi_out, log_std, action)
+                    env_action = jnp.clip(action, low, high)
+                else:
+                    action = jnp.argmax(pi_out + eps, axis=-1)
+                    log_prob = categorical_log_prob(pi_out, action)
+                    env_action = action
+                next_obs, env_state, reward, term, trunc, info = v_step(keys, env_state, env_action,
+                                                                       env_params)
+                reward = reward.astype(jnp.float32)
+                done = jnp.logical_or(term, trunc)
+                ep_return = ep_return + reward
+                finished = jnp.where(done, ep_return, 0.0)
+                ep_return = jnp.where(done, 0.0, ep_return)
+                out = (fobs, action, log_prob, value, reward, done, trunc & ~term,
+                       flat(info["final_observation"]), finished)
+                return (env_state, next_obs, ep_return), out
+
+            (env_state, obs, ep_return), traj = jax.lax.scan(
+                env_step, (env_state, obs, ep_return), (noise, env_keys), unroll=config.rollout_unroll)
+            t_obs, t_action, t_logp, t_value, t_reward, t_done, t_trunc, t_final, t_finished = traj
+
+            # On a time-limit cut the episode goes on in principle: bootstrap from the value of the
+            # real last observation (gymnax's auto-reset already replaced it in `obs`).
+            v_final = network.apply(params, t_final.reshape(batch_size, -1), method=ActorCritic.value)
+            t_reward = t_reward + config.gamma * t_trunc * v_final.reshape(n_steps, n_envs)
+            last_value = network.apply(params, flat(obs), method=ActorCritic.value)
+            adv, target = compute_gae(t_reward, t_value, t_done, last_value, config.gamma,
+                                      config.gae_lambda)
+
+            data = Batch(t_obs, t_action, t_logp, t_value, adv, target)
+            data = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), data)
+            # One draw for every epoch's shuffle.
+            perms = jnp.argsort(jax.random.uniform(k_perm, (config.update_epochs, batch_size)), axis=-1)
+
+            def epoch(c, perm):
+                shuffled = jax.tree.map(lambda x: x[perm].reshape((n_mb, mb_size) + x.shape[1:]), data)
+
+                def minibatch(c, mb):
+                    params, opt_state = c
+                    (_, aux), grads = grad_fn(params, mb)
+                    updates, opt_state = tx.update(grads, opt_state, params)
+                    return (optax.apply_updates(params, updates), opt_state), aux
+
+                return jax.lax.scan(minibatch, c, shuffled)
+
+            (params, opt_state), aux = jax.lax.scan(epoch, (params, opt_state), perms)
+            v_loss, pg_loss, ent, kl = (a.mean() for a in aux)
+
+            n_done = t_done.sum()
+            mean_return = jnp.where(n_done > 0, t_finished.sum() / jnp.maximum(n_done, 1), last_mean)
+            metrics = {"episode_return": mean_return, "episodes": n_done, "value_loss": v_loss,
+                       "policy_loss": pg_loss, "entropy": ent, "approx_kl": kl}
+            return (params, opt_state, env_state, obs, ep_return, mean_return), metrics
+
+        carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()))
+        carry, metrics = jax.lax.scan(update, carry, jax.random.split(k_run, n_updates))
+        return carry[0], metrics
+
+    return train
+
+
+def make_agent(config: PPOConfig):
+    """``(env, env_params, network)`` for ``config``: the environment and the actor-critic that fits it."""
+    env, env_params = envs_lib.make(config.env)
+    action_space = env.action_space(env_params)
+    if isinstance(action_space, spaces.Box):
+        continuous, action_dim = True, int(np.prod(action_space.shape))
+    elif isinstance(action_space, spaces.Discrete):
+        continuous, action_dim = False, int(action_space.n)
+    else:
+        raise ValueError(f"env: {config.env!r} has a {type(action_space).__name__} action space; "
+                         "allowed: Discrete or Box")
+    network = ActorCritic(action_dim, continuous, tuple(config.hidden_sizes), config.activation)
+    return env, env_params, network
+
+
+def make_policy(config: PPOConfig):
+    """``act(params, obs, key) -> action`` for a trained agent (samples; greedy if ``key`` is None)."""
+    _, _, network = make_agent(config)
+    continuous = network.continuous
+
+    def act(params, obs, key=None):
+        (pi_out, log_std), _ = network.apply(params, obs.reshape(-1).astype(jnp.float32))
+        if continuous:
+            if key is None:
+                return pi_out
+            return pi_out + jnp.exp(log_std) * jax.random.normal(key, pi_out.shape)
+        if key is None:
+            return jnp.argmax(pi_out, axis=-1)
+        return jax.random.categorical(key, pi_out)
+
+    return act

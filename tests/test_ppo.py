@@ -1,0 +1,231 @@
+"""PPO: maths on probe environments, the library contract (jit, vmap, one compile), seams, validation."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import probe_envs  # noqa: F401  (registers the Probe-* environments)
+from inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, LPODrift, MLPValueLoss
+from inner_loops.ppo import Batch, PPOConfig, compute_gae, make_agent, make_train, ppo_loss
+
+TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=2, num_minibatches=2)
+
+
+# --- GAE ------------------------------------------------------------------------------------------
+
+def test_gae_matches_hand_computation():
+    gamma, lam = 0.9, 0.8
+    rewards = jnp.array([1.0, 2.0, 3.0])
+    values = jnp.array([0.5, 0.4, 0.3])
+    dones = jnp.array([False, True, False])  # the observation after step 1 starts a new episode
+    last = jnp.array(0.2)
+    adv, target = compute_gae(rewards, values, dones, last, gamma, lam)
+    d2 = 3.0 + gamma * 0.2 - 0.3
+    d1 = 2.0 - 0.4  # nothing bootstrapped across the episode end
+    d0 = 1.0 + gamma * 0.4 - 0.5
+    expected = np.array([d0 + gamma * lam * d1, d1, d2])
+    np.testing.assert_allclose(adv, expected, rtol=1e-6)
+    np.testing.assert_allclose(target, expected + np.array([0.5, 0.4, 0.3]), rtol=1e-6)
+
+
+def test_gae_lambda_one_is_discounted_return_minus_value():
+    rewards = jnp.ones(5)
+    values = jnp.zeros(5)
+    adv, _ = compute_gae(rewards, values, jnp.zeros(5, bool), jnp.array(10.0), 0.5, 1.0)
+    expected = [sum(0.5**k for k in range(5 - t)) + 0.5 ** (5 - t) * 10.0 for t in range(5)]
+    np.testing.assert_allclose(adv, expected, rtol=1e-6)
+
+
+# --- probe environments: the critic must learn the known values ------------------------------------
+
+def _learned_values(env, obs_values, gamma, **kw):
+    cfg = PPOConfig(env=env, num_envs=8, num_steps=16, total_timesteps=8 * 16 * 150, update_epochs=4,
+                    num_minibatches=4, lr=3e-3, anneal_lr=False, gamma=gamma, gae_lambda=0.95,
+                    clip_value_loss=False, **kw)
+    params, _ = jax.jit(make_train(cfg))(jax.random.key(0))
+    _, _, network = make_agent(cfg)
+    from inner_loops.networks import ActorCritic
+    obs = jnp.array(obs_values, jnp.float32)[:, None]
+    return np.asarray(network.apply(params, obs, method=ActorCritic.value))
+
+
+@pytest.mark.timeout(300)
+def test_probe_constant_reward_one_step():
+    v = _learned_values("Probe-constant", [0.0], gamma=0.99)
+    np.testing.assert_allclose(v, [1.0], atol=0.05)
+
+
+@pytest.mark.timeout(300)
+def test_probe_observation_dependent_reward():
+    v = _learned_values("Probe-one_step_obs", [-1.0, 1.0], gamma=0.99)
+    np.testing.assert_allclose(v, [-1.0, 1.0], atol=0.1)
+
+
+@pytest.mark.timeout(300)
+def test_probe_two_step_discounting():
+    v = _learned_values("Probe-two_step", [0.0, 1.0], gamma=0.5)
+    np.testing.assert_allclose(v, [0.5, 1.0], atol=0.08)
+
+
+@pytest.mark.timeout(300)
+def test_probe_time_limit_bootstraps_from_final_observation():
+    # Reward 1 forever, cut only by a 5-step time limit. Bootstrapping through the cut gives
+    # V = 1 / (1 - gamma) = 2; treating the cut as a terminal state would give about 1.61.
+    v = _learned_values("Probe-time_limit", [0.0], gamma=0.5)
+    np.testing.assert_allclose(v, [2.0], atol=0.1)
+
+
+# --- the library contract ------------------------------------------------------------------------
+
+@pytest.mark.timeout(300)
+def test_vmap_over_keys_matches_separate_calls():
+    train = jax.jit(make_train(PPOConfig(**TINY)))
+    keys = jax.random.split(jax.random.key(3), 4)
+    batched_params, batched_metrics = jax.jit(jax.vmap(train))(keys)
+    for i in range(4):
+        params, metrics = train(keys[i])
+        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(batched_params)):
+            np.testing.assert_allclose(a, b[i], rtol=1e-4, atol=1e-5)
+        for name in metrics:
+            np.testing.assert_allclose(metrics[name], batched_metrics[name][i], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_vmap_over_learning_rates_traces_once():
+    traces = []
+    cfg = PPOConfig(**TINY)
+
+    def train_lr(lr, key):
+        traces.append(1)
+        return make_train(cfg.replace(lr=lr))(key)[1]["episode_return"]
+
+    fn = jax.jit(jax.vmap(train_lr))
+    lrs = jnp.array([1e-4, 3e-4, 1e-3, 3e-3])
+    keys = jax.random.split(jax.random.key(0), 4)
+    out1 = fn(lrs, keys)
+    out2 = fn(lrs * 2, keys)
+    assert len(traces) == 1
+    assert out1.shape == (4, cfg.num_updates)
+    assert np.all(np.isfinite(out2))
+
+
+@pytest.mark.timeout(300)
+def test_metrics_are_scalars_per_update():
+    cfg = PPOConfig(**TINY)
+    _, metrics = jax.jit(make_train(cfg))(jax.random.key(0))
+    assert set(metrics) == {"episode_return", "episodes", "value_loss", "policy_loss", "entropy", "approx_kl"}
+    for value in metrics.values():
+        assert value.shape == (cfg.num_updates,)
+        assert np.all(np.isfinite(value))
+
+
+# --- seams --------------------------------------------------------------------------------------
+
+def _hand_written_ppo_loss(params, network, batch, clip_eps, vf_coef, ent_coef):
+    """PPO's loss written out in one piece, as in PureJaxRL, to check the seams against."""
+    (logits, _), value = network.apply(params, batch.obs)
+    logp_all = jax.nn.log_softmax(logits)
+    logp = jnp.take_along_axis(logp_all, batch.action[:, None], axis=1)[:, 0]
+    v_clipped = batch.value + jnp.clip(value - batch.value, -clip_eps, clip_eps)
+    v_loss = 0.5 * jnp.maximum((value - batch.target) ** 2, (v_clipped - batch.target) ** 2).mean()
+    ratio = jnp.exp(logp - batch.log_prob)
+    adv = (batch.advantage - batch.advantage.mean()) / (batch.advantage.std() + 1e-8)
+    pg = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * adv).mean()
+    ent = -(jnp.exp(logp_all) * logp_all).sum(-1).mean()
+    return pg + vf_coef * v_loss - ent_coef * ent
+
+
+def _fixed_batch(cfg, n=64):
+    _, _, network = make_agent(cfg)
+    k = jax.random.split(jax.random.key(7), 6)
+    obs = jax.random.normal(k[0], (n, 4))
+    params = network.init(k[1], obs)
+    batch = Batch(obs=obs, action=jax.random.randint(k[2], (n,), 0, 2),
+                  log_prob=jnp.log(jax.random.uniform(k[3], (n,), minval=0.3, maxval=0.7)),
+                  value=jax.random.normal(k[4], (n,)), advantage=jax.random.normal(k[5], (n,)),
+                  target=jax.random.normal(k[0], (n,)) * 2)
+    return network, params, batch
+
+
+def test_default_seams_give_the_hand_written_ppo_gradient():
+    cfg = PPOConfig()
+    network, params, batch = _fixed_batch(cfg)
+
+    def seam_loss(p):
+        return ppo_loss(p, network.apply, batch, cfg, None, L2_VALUE_LOSS, CLIPPED_SURROGATE, False)[0]
+
+    def hand_loss(p):
+        return _hand_written_ppo_loss(p, network, batch, cfg.clip_eps, cfg.vf_coef, cfg.ent_coef)
+
+    np.testing.assert_allclose(seam_loss(params), hand_loss(params), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(jax.grad(seam_loss)(params)), jax.tree.leaves(jax.grad(hand_loss)(params))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_lpo_with_zero_network_is_ppo_clipping():
+    cfg = PPOConfig()
+    lpo = LPODrift()
+    zero = jax.tree.map(jnp.zeros_like, lpo.init(jax.random.key(0)))
+    ratio = jnp.exp(jax.random.normal(jax.random.key(1), (256,)) * 0.3)
+    adv = jax.random.normal(jax.random.key(2), (256,))
+    # relu(x - 1e-4) shaves at most 1e-4 off PPO's drift.
+    np.testing.assert_allclose(lpo.apply(zero, ratio, adv, cfg), CLIPPED_SURROGATE.apply(None, ratio, adv, cfg),
+                               atol=1.1e-4)
+    assert np.all(lpo.drift(lpo.init(jax.random.key(3)), ratio, adv, cfg) >= 0)
+
+
+def test_residual_mlp_value_loss_with_zero_network_is_l2():
+    loss = MLPValueLoss(residual=True, inputs=("error", "target"))
+    zero = jax.tree.map(jnp.zeros_like, loss.init(jax.random.key(0)))
+    v, old, t = jnp.array([1.0, -2.0]), jnp.array([0.0, 0.0]), jnp.array([0.5, 1.0])
+    np.testing.assert_allclose(loss.apply(zero, v, old, t), 0.5 * (v - t) ** 2)
+
+
+@pytest.mark.timeout(300)
+def test_learned_value_loss_plugs_into_training():
+    loss = MLPValueLoss()
+    cfg = PPOConfig(**TINY)
+    meta = {"value_loss": loss.init(jax.random.key(1))}
+    _, metrics = jax.jit(make_train(cfg, value_loss=loss))(jax.random.key(0), meta)
+    assert np.all(np.isfinite(metrics["value_loss"]))
+
+
+# --- validation -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(num_minibatches=3), "num_minibatches"),
+    (dict(env="NoSuchEnv-v0"), "env"),
+    (dict(lr=0.0), "lr"),
+    (dict(lr=-1e-3), "lr"),
+    (dict(total_timesteps=0), "total_timesteps"),
+    (dict(total_timesteps=-5), "total_timesteps"),
+    (dict(gamma=1.5), "gamma"),
+    (dict(num_envs=0), "num_envs"),
+    (dict(activation="sigmoidish"), "activation"),
+])
+def test_bad_config_raises_naming_the_field(kwargs, field):
+    with pytest.raises(ValueError) as err:
+        make_train(PPOConfig(**kwargs))
+    message = str(err.value)
+    assert message.startswith(field + ":") and "\n" not in message
+
+
+# --- learning -----------------------------------------------------------------------------------
+
+@pytest.mark.timeout(600)
+def test_cartpole_default_config_solves_on_four_seeds():
+    cfg = PPOConfig()  # PureJaxRL's defaults: 4 envs, 128 steps, 5e5 frames
+    _, metrics = jax.jit(jax.vmap(make_train(cfg)))(jax.random.split(jax.random.key(42), 4))
+    final = np.asarray(metrics["episode_return"][:, -10:]).mean(axis=1)
+    assert final.mean() >= 450, final
+
+
+@pytest.mark.timeout(600)
+def test_pendulum_continuous_actions_improve():
+    cfg = PPOConfig(env="Pendulum-v1", num_envs=16, num_steps=64, total_timesteps=300_000,
+                    update_epochs=10, num_minibatches=8, lr=3e-3, gamma=0.95, gae_lambda=0.95,
+                    ent_coef=0.0, clip_eps=0.2, max_grad_norm=0.5)
+    _, metrics = jax.jit(jax.vmap(make_train(cfg)))(jax.random.split(jax.random.key(0), 2))
+    ret = np.asarray(metrics["episode_return"])
+    first, last = ret[:, 3:8].mean(), ret[:, -5:].mean()
+    assert last > first + 200, (first, last)
