@@ -1,0 +1,211 @@
+"""An evolution driver around evosax 0.3 that maximises a pure fitness function.
+
+It knows nothing of RL. It is handed a parameter template (any pytree) and
+``fitness(meta_params, key) -> scalar`` (higher is better), and runs generations of
+ask -> evaluate (members x seeds, vmapped, sharded over a device mesh) -> tell, each one jitted call:
+
+    evo = Evolution(ESConfig(strategy="Open_ES", popsize=16), template, fitness, num_seeds=2)
+    state = evo.init(jax.random.key(0))
+    for _ in range(100):
+        state, stats = evo.step(state)      # stats["best"], stats["mean"], ...
+
+evosax minimises; the driver negates, so everything user-facing is higher-is-better. Every member is
+scored on the same ``num_seeds`` keys in a generation (common random numbers make the ranking fairer).
+A member whose fitness is NaN or infinite gets the generation's worst finite fitness (or
+``nonfinite_floor``) and is counted in ``stats["nonfinite"]``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from evosax.algorithms import CMA_ES, PGPE, SNES, Open_ES, Sep_CMA_ES, SimpleES
+from evosax.core import fitness_shaping as shaping
+from flax import struct
+
+STRATEGIES = {"Open_ES": Open_ES, "SNES": SNES, "Sep_CMA_ES": Sep_CMA_ES, "CMA_ES": CMA_ES,
+              "PGPE": PGPE, "SimpleES": SimpleES}
+# Strategies whose update is a gradient step with an optax optimizer we choose.
+_HAS_OPTIMIZER = {"Open_ES", "SNES", "PGPE", "SimpleES"}
+# Strategies whose std is a strategy parameter (Open_ES takes a schedule instead).
+_HAS_STD_PARAM = {"SNES", "Sep_CMA_ES", "CMA_ES", "PGPE", "SimpleES"}
+FITNESS_SHAPING = {
+    "centered_rank": shaping.centered_rank_fitness_shaping_fn,
+    "standardize": shaping.standardize_fitness_shaping_fn,
+    "normalize": shaping.normalize_fitness_shaping_fn,
+    "identity": shaping.identity_fitness_shaping_fn,
+    "weights": shaping.weights_fitness_shaping_fn,
+}
+OPTIMIZERS = ("adam", "sgd", "clipup")
+QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+
+
+@dataclasses.dataclass(frozen=True)
+class ESConfig:
+    """Search settings. ``lr``/``optimizer`` apply to strategies that take a gradient step;
+    ``fitness_shaping=None`` keeps the strategy's own default."""
+
+    strategy: str = "Open_ES"
+    popsize: int = 16
+    std_init: float = 0.03
+    lr: float = 0.05
+    optimizer: str = "adam"
+    adam_b1: float = 0.9
+    fitness_shaping: Optional[str] = None
+    antithetic: bool = True
+
+    def needs_even_popsize(self) -> bool:
+        return self.strategy == "PGPE" or (self.strategy == "Open_ES" and self.antithetic)
+
+    def validate(self) -> "ESConfig":
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"es.strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)}")
+        if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
+            raise ValueError(f"es.popsize: {self.popsize!r}; allowed: an integer >= 2")
+        if self.needs_even_popsize() and self.popsize % 2:
+            raise ValueError(f"es.popsize: {self.popsize} is odd but {self.strategy} samples antithetic "
+                             f"pairs; allowed: an even number such as {self.popsize + 1}")
+        if not self.std_init > 0:
+            raise ValueError(f"es.std_init: {self.std_init!r}; allowed: > 0")
+        if not self.lr > 0:
+            raise ValueError(f"es.lr: {self.lr!r}; allowed: > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"es.optimizer: {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+        if self.fitness_shaping is not None and self.fitness_shaping not in FITNESS_SHAPING:
+            raise ValueError(f"es.fitness_shaping: {self.fitness_shaping!r}; allowed: "
+                             f"{', '.join(FITNESS_SHAPING)} or null (the strategy's default)")
+        return self
+
+
+def make_strategy(config: ESConfig, template: Any):
+    """Build the evosax strategy and its params. Build it once per run: evosax's jitted methods
+    take the strategy object as a static argument hashed by identity."""
+    config.validate()
+    kwargs: dict[str, Any] = {}
+    if config.fitness_shaping is not None:
+        kwargs["fitness_shaping_fn"] = FITNESS_SHAPING[config.fitness_shaping]
+    if config.strategy in _HAS_OPTIMIZER:
+        kwargs["optimizer"] = {
+            "adam": lambda: optax.adam(config.lr, b1=config.adam_b1),
+            "sgd": lambda: optax.sgd(config.lr),
+            "clipup": lambda: _clipup(config.lr),
+        }[config.optimizer]()
+    if config.strategy == "Open_ES":
+        kwargs["use_antithetic_sampling"] = config.antithetic
+        kwargs["std_schedule"] = optax.constant_schedule(config.std_init)
+    es = STRATEGIES[config.strategy](config.popsize, template, **kwargs)
+    params = es.default_params
+    if config.strategy in _HAS_STD_PARAM:
+        params = params.replace(std_init=config.std_init)
+    return es, params
+
+
+def _clipup(lr):
+    # ClipUp (Toklu et al. 2020), PGPE's usual optimiser: normalised gradient, momentum, clipped speed.
+    return optax.chain(optax.normalize_by_update_norm(scale_factor=1.0),
+                       optax.sgd(lr, momentum=0.9), optax.clip_by_global_norm(2.0 * lr))
+
+
+@struct.dataclass
+class EvoState:
+    es_state: Any
+    key: jax.Array
+    generation: jax.Array
+    best_fitness: jax.Array
+    best_params: Any
+
+
+def _strong(x):
+    return x if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else jnp.asarray(x, dtype=x.dtype)
+
+
+def replace_nonfinite(fitness, floor=None):
+    """``(fitness with NaN/inf replaced, how many were)``: the generation's worst finite value, or
+    ``floor`` when given (also when no member is finite)."""
+    finite = jnp.isfinite(fitness)
+    worst = jnp.min(jnp.where(finite, fitness, jnp.inf))
+    fallback = jnp.float32(-1e9 if floor is None else floor)
+    if floor is None:
+        fallback = jnp.where(jnp.isfinite(worst), worst, fallback)
+    return jnp.where(finite, fitness, fallback), jnp.sum(~finite)
+
+
+class Evolution:
+    """Ask, evaluate, tell: one jitted generation; see the module docstring."""
+
+    def __init__(self, config: ESConfig, template: Any,
+                 fitness_fn: Callable[[Any, jax.Array], jax.Array], num_seeds: int = 1,
+                 init_mean: Any = None, nonfinite_floor: Optional[float] = None, mesh=None):
+        if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
+            raise ValueError(f"fitness.num_seeds: {num_seeds!r}; allowed: a positive integer")
+        self.config = config.validate()
+        self.template = template
+        self.fitness_fn = fitness_fn
+        self.num_seeds = num_seeds
+        self.init_mean = template if init_mean is None else init_mean
+        self.nonfinite_floor = nonfinite_floor
+        self.mesh = mesh
+        if mesh is not None and config.popsize % mesh.size:
+            raise ValueError(f"es.popsize: {config.popsize} does not divide over {mesh.size} devices; "
+                             f"allowed: a multiple of {mesh.size}")
+        self.es, self.es_params = make_strategy(config, template)
+        self.trace_count = 0  # generations traced; stays 1 however many run
+        self.step = jax.jit(self._step, donate_argnums=())
+        self.init = jax.jit(self._init)
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def _evaluate_members(self, population, seed_keys):
+        """(members, seeds) fitness for a block of members; the unit that is sharded."""
+        per_member = lambda params: jax.vmap(lambda k: self.fitness_fn(params, k))(seed_keys)
+        return jax.vmap(per_member)(population)
+
+    def evaluate(self, population, seed_keys):
+        if self.mesh is None or self.mesh.size == 1:
+            return self._evaluate_members(population, seed_keys)
+        from jax.sharding import PartitionSpec as P
+        sharded = jax.shard_map(self._evaluate_members, mesh=self.mesh, in_specs=(P("pop"), P()),
+                                out_specs=P("pop"), check_vma=False)
+        return sharded(population, seed_keys)
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _init(self, key):
+        k_es, k_run = jax.random.split(key)
+        # evosax leaves some fields weakly typed; after one tell they are strong, and the changed
+        # signature would compile the generation a second time.
+        es_state = jax.tree.map(_strong, self.es.init(k_es, self.init_mean, self.es_params))
+        return EvoState(es_state=es_state, key=k_run, generation=jnp.int32(0),
+                        best_fitness=jnp.float32(-jnp.inf),
+                        best_params=jax.tree.map(jnp.asarray, self.init_mean))
+
+    def _step(self, state: EvoState):
+        self.trace_count += 1
+        key, k_ask, k_eval, k_tell = jax.random.split(state.key, 4)
+        population, es_state = self.es.ask(k_ask, state.es_state, self.es_params)
+        seed_keys = jax.random.split(k_eval, self.num_seeds)
+        per_seed = self.evaluate(population, seed_keys)                  # (popsize, num_seeds)
+        raw = jnp.mean(per_seed, axis=1)
+        fitness, nonfinite = replace_nonfinite(raw, self.nonfinite_floor)
+        es_state, _ = self.es.tell(k_tell, population, -fitness, es_state, self.es_params)
+        es_state = jax.tree.map(_strong, es_state)
+
+        i_best = jnp.argmax(fitness)
+        gen_best = fitness[i_best]
+        improved = gen_best > state.best_fitness
+        best_params = jax.tree.map(lambda new, old: jnp.where(improved, new[i_best], old),
+                                   population, state.best_params)
+        new_state = EvoState(es_state=es_state, key=key, generation=state.generation + 1,
+                             best_fitness=jnp.where(improved, gen_best, state.best_fitness),
+                             best_params=best_params)
+        quantiles = jnp.quantile(fitness, jnp.array(QUANTILES))
+        stats = {"generation": state.generation, "best": gen_best, "mean": jnp.mean(fitness),
+                 "std": jnp.std(fitness), "worst": jnp.min(fitness), "best_so_far": new_state.best_fitness,
+                 "nonfinite": nonfinite, "fitness": fitness,
+                 **{f"q{int(q * 100):02d}": v for q, v in zip(QUANTILES, quantiles)}}
+        return new_state, stats
+
+    def mean(self, state: EvoState):
+        """The search distribution's mean as a pytree shaped like the template."""
+        return self.es.get_mean(state.es_state)
