@@ -1,0 +1,120 @@
+"""Orbax checkpoints of the whole outer state, and the exported best meta-parameters.
+
+A checkpoint at generation G holds the evolution state after G generations (ES state with its
+optimizer state and search width, PRNG key, best-so-far) and, as JSON, the history of the G
+generations and the resolved config. Orbax writes each step to a temporary directory and renames it
+when complete, so a kill mid-write leaves the previous checkpoint intact; the leftover is cleaned.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import serialization
+
+CKPT_DIR = "ckpt"
+BEST_PARAMS = "best_meta_params.msgpack"
+BEST_INFO = "best_meta_params.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be read; the message names the directory."""
+
+
+def _manager(run_dir: Path, keep: int = 3) -> ocp.CheckpointManager:
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True,
+                                           enable_async_checkpointing=False, create=True)
+    return ocp.CheckpointManager(os.path.abspath(run_dir / CKPT_DIR), options=options)
+
+
+def _clean_incomplete(ckpt_dir: Path) -> list[str]:
+    """Remove step directories a kill left half-written (Orbax never reads them)."""
+    removed = []
+    if ckpt_dir.is_dir():
+        for child in ckpt_dir.iterdir():
+            if child.is_dir() and "orbax-checkpoint-tmp" in child.name:
+                shutil.rmtree(child, ignore_errors=True)
+                removed.append(child.name)
+    return removed
+
+
+class Checkpointer:
+    def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
+        self.run_dir = Path(run_dir)
+        self.write = write  # only process 0 writes in a multi-process run
+        self.removed_incomplete = _clean_incomplete(self.run_dir / CKPT_DIR) if write else []
+        self.manager = _manager(self.run_dir, keep)
+
+    def latest_step(self) -> Optional[int]:
+        return self.manager.latest_step()
+
+    def save(self, generation: int, state: Any, history: list[dict], config: dict) -> None:
+        if not self.write:
+            return
+        state = jax.device_get(state)
+        meta = {"generation": generation, "history": history, "config": config}
+        if generation in self.manager.all_steps():  # a resumed run reaching the same step again
+            return
+        self.manager.save(generation, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+        self.manager.wait_until_finished()
+
+    def restore(self, template_state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint to restore")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template_state)
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+        except Exception as err:  # Orbax raises many types for unreadable data
+            raise CheckpointError(f"{self.run_dir / CKPT_DIR / str(step)}: checkpoint unreadable "
+                                  f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+        return restored["state"], restored["meta"]
+
+    def read_meta(self, step: Optional[int] = None) -> dict:
+        """The JSON part only (history and config): enough for plots, no template needed."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint")
+        try:
+            restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        except Exception as err:
+            raise CheckpointError(f"{self.run_dir / CKPT_DIR / str(step)}: checkpoint unreadable "
+                                  f"({type(err).__name__})") from None
+        return restored["meta"]
+
+    def close(self):
+        self.manager.close()
+
+
+# --- the exported best meta-parameters ---------------------------------------------------------------
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def export_best(run_dir: str | Path, meta_params: Any, info: dict) -> None:
+    """Write the best meta-parameters (flax msgpack) and what is needed to use them (JSON)."""
+    run_dir = Path(run_dir)
+    _atomic_write(run_dir / BEST_PARAMS, serialization.msgpack_serialize(
+        jax.tree.map(np.asarray, jax.device_get(meta_params))))
+    _atomic_write(run_dir / BEST_INFO, json.dumps(info, indent=2, default=float).encode())
+
+
+def read_best(run_dir: str | Path) -> tuple[Any, dict]:
+    """``(meta_params as a nested dict of numpy arrays, info)`` exported by a run."""
+    run_dir = Path(run_dir)
+    if not (run_dir / BEST_PARAMS).exists():
+        raise CheckpointError(f"{run_dir / BEST_PARAMS}: no exported meta-parameters")
+    params = serialization.msgpack_restore((run_dir / BEST_PARAMS).read_bytes())
+    info = json.loads((run_dir / BEST_INFO).read_text())
+    return params, info

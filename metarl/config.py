@@ -1,0 +1,227 @@
+"""Run configuration: composed by Hydra from ``experiments/*.yaml`` plus ``key=value`` overrides,
+then checked once, here, into typed dataclasses. Every error is one line that names the field and
+says what is allowed (``ConfigError``); nothing is compiled before the config is valid.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+import experiments as _experiments_pkg
+
+EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line naming the field."""
+
+
+def available_experiments() -> list[str]:
+    return sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml") if p.stem != "base")
+
+
+# --- the schema ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ESSection:
+    strategy: str = "Open_ES"
+    popsize: int = 16
+    generations: int = 30
+    std_init: float = 0.03
+    lr: float = 0.05
+    optimizer: str = "adam"
+    adam_b1: float = 0.9
+    fitness_shaping: Optional[str] = None
+    antithetic: bool = True
+    init_mean: str = "zeros"
+
+
+@dataclasses.dataclass(frozen=True)
+class FitnessSection:
+    num_seeds: int = 2
+    statistic: str = "final"
+    window: float = 0.2
+    nonfinite_floor: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    every: int = 5
+    keep: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbSection:
+    mode: str = "disabled"
+    project: str = "metarl"
+    entity: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggerSection:
+    progress: bool = True
+    wandb: WandbSection = WandbSection()
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicesSection:
+    num_processes: int = 1
+    coordinator_address: Optional[str] = None
+    process_id: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    experiment: str
+    seed: int = 0
+    env: str = "CartPole-v1"
+    run_dir: Optional[str] = None
+    component: dict = dataclasses.field(default_factory=dict)
+    inner: dict = dataclasses.field(default_factory=dict)
+    es: ESSection = ESSection()
+    fitness: FitnessSection = FitnessSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    logger: LoggerSection = LoggerSection()
+    devices: DevicesSection = DevicesSection()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+STATISTICS = ("final", "auc")
+INIT_MEANS = ("zeros", "init")
+WANDB_MODES = ("disabled", "offline", "online")
+
+# Settings that do not change what the search computes; a resumed run may change these.
+RESUMABLE_FIELDS = ("run_dir", "es.generations", "checkpoint", "logger", "devices")
+
+
+# --- building and checking -------------------------------------------------------------------------
+
+def _type_name(tp) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            dict: "a mapping", list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value, tp, path):
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:  # Optional[X]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], path)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: {value!r}; allowed: a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}")
+        return build(tp, value, path + ".")
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp in (str, bool, dict) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{path}: {value!r}; allowed: {_type_name(tp)}")
+
+
+def build(cls, data: dict, prefix: str = ""):
+    """Build dataclass ``cls`` from a plain dict, refusing unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in data if k not in names]
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown setting; allowed: {', '.join(names)}")
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # a required field is missing
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {err}") from None
+
+
+def _check_positive(path, value):
+    if value <= 0:
+        raise ConfigError(f"{path}: {value!r}; allowed: > 0")
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Checks that need no trainer: the trainer's own fields are checked when the task is built."""
+    if cfg.experiment not in available_experiments():
+        raise ConfigError(f"experiment: unknown experiment {cfg.experiment!r}; allowed: "
+                          f"{', '.join(available_experiments())}")
+    _check_positive("es.generations", cfg.es.generations)
+    _check_positive("fitness.num_seeds", cfg.fitness.num_seeds)
+    if cfg.fitness.statistic not in STATISTICS:
+        raise ConfigError(f"fitness.statistic: {cfg.fitness.statistic!r}; allowed: {', '.join(STATISTICS)}")
+    if not 0.0 < cfg.fitness.window <= 1.0:
+        raise ConfigError(f"fitness.window: {cfg.fitness.window!r}; allowed: a fraction in (0, 1]")
+    if cfg.es.init_mean not in INIT_MEANS:
+        raise ConfigError(f"es.init_mean: {cfg.es.init_mean!r}; allowed: {', '.join(INIT_MEANS)}")
+    _check_positive("checkpoint.every", cfg.checkpoint.every)
+    _check_positive("checkpoint.keep", cfg.checkpoint.keep)
+    if cfg.logger.wandb.mode not in WANDB_MODES:
+        raise ConfigError(f"logger.wandb.mode: {cfg.logger.wandb.mode!r}; allowed: {', '.join(WANDB_MODES)}")
+    _check_positive("devices.num_processes", cfg.devices.num_processes)
+    if cfg.seed < 0:
+        raise ConfigError(f"seed: {cfg.seed}; allowed: a non-negative integer")
+    return cfg
+
+
+def compose(experiment: str, overrides: list[str]) -> dict:
+    """Hydra composition of ``experiments/<experiment>.yaml`` with ``overrides``; returns a plain dict."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if experiment not in available_experiments():
+        raise ConfigError(f"experiment: unknown experiment {experiment!r}; allowed: "
+                          f"{', '.join(available_experiments())}")
+    # `++key=value` adds or overrides, so that any trainer field can be set from the command line;
+    # unknown keys are refused afterwards by `build`, with the allowed names.
+    forced = [o if o.startswith(("+", "~")) else "++" + o for o in overrides]
+    try:
+        with initialize_config_dir(version_base="1.3", config_dir=str(EXPERIMENTS_DIR), job_name="metarl"):
+            composed = hydra_compose(config_name=experiment, overrides=forced)
+            return OmegaConf.to_container(composed, resolve=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"overrides: {first}") from None
+
+
+def load(experiment: str, overrides: list[str]) -> RunConfig:
+    return from_dict(compose(experiment, overrides))
+
+
+def from_dict(data: dict) -> RunConfig:
+    data = dict(data)
+    data.pop("hydra", None)
+    return validate(build(RunConfig, data))
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def search_differences(saved: dict, new: dict) -> list[str]:
+    """Settings that differ between two configs and change the search (``RESUMABLE_FIELDS`` excluded)."""
+    a, b = flatten(saved), flatten(new)
+
+    def resumable(key):
+        return any(key == f or key.startswith(f + ".") for f in RESUMABLE_FIELDS)
+
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if resumable(key):
+            continue
+        va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
+        if va != vb:
+            diffs.append(f"{key}: {va!r} -> {vb!r}")
+    return diffs

@@ -1,0 +1,113 @@
+"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a kill mid-write
+                break
+    return records
+
+
+def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
+    """Keep the records of generations before ``generations_done``: a resumed run recomputes the rest,
+    so each generation appears exactly once."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return
+    kept = [r for r in read_metrics(run_dir) if r.get("generation", -1) < generations_done]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class Logger:
+    def __init__(self, run_dir: Path, config: dict, total_generations: int, progress: bool = True,
+                 wandb_cfg: Optional[dict] = None, write: bool = True, run_name: str = ""):
+        self.run_dir = Path(run_dir)
+        self.total = total_generations
+        self.progress = progress and write
+        self.write = write
+        self.durations: list[float] = []
+        self.wandb_run = None
+        if write and wandb_cfg and wandb_cfg.get("mode", "disabled") != "disabled":
+            import wandb
+
+            self.wandb_run = wandb.init(project=wandb_cfg.get("project", "metarl"),
+                                        entity=wandb_cfg.get("entity"), mode=wandb_cfg["mode"],
+                                        dir=str(self.run_dir), config=config,
+                                        name=run_name or self.run_dir.name,
+                                        id=_wandb_id(self.run_dir), resume="allow")
+
+    def log(self, record: dict) -> None:
+        if not self.write:
+            return
+        with open(self.run_dir / METRICS_FILE, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.durations.append(record["seconds"])
+        if self.progress:
+            g = record["generation"] + 1
+            recent = sorted(self.durations[-5:])[len(self.durations[-5:]) // 2]
+            left = (self.total - g) * recent
+            bad = f" | diverged {record['nonfinite']}" if record.get("nonfinite") else ""
+            print(f"gen {g:>4}/{self.total} | best {record['best']:9.2f} | mean {record['mean']:9.2f} | "
+                  f"best so far {record['best_so_far']:9.2f} | {record['fps']:9.3g} frames/s | "
+                  f"{record['seconds']:6.1f} s | left {_duration(left)}{bad}", flush=True)
+        if self.wandb_run is not None:
+            scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
+            self.wandb_run.log(scalars, step=record["generation"])
+
+    def message(self, text: str) -> None:
+        if self.write:
+            print(text, file=sys.stderr if text.startswith("error") else sys.stdout, flush=True)
+
+    def finish(self, summary: Optional[dict] = None) -> None:
+        if self.wandb_run is not None:
+            if summary:
+                for k, v in summary.items():
+                    self.wandb_run.summary[k] = v
+            self.wandb_run.finish()
+
+
+def _wandb_id(run_dir: Path) -> str:
+    # Stable per run directory, so a resumed run continues the same wandb run.
+    import hashlib
+
+    return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+
+
+class Timer:
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt

@@ -1,0 +1,144 @@
+"""The generation loop: evolve, report, checkpoint, resume, and stop cleanly on SIGINT/SIGTERM."""
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from metarl import checkpoints, devices
+from metarl.config import RunConfig
+from metarl.logger import Logger, truncate_metrics
+from metarl.tasks import Task, build_task
+from outer_loops.evolution import ESConfig, Evolution
+
+
+class Interrupted(Exception):
+    """Raised after a clean save when SIGINT or SIGTERM arrived."""
+
+    def __init__(self, signum: int, generation: int):
+        self.signum, self.generation = signum, generation
+        super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
+
+
+def es_config(cfg: RunConfig) -> ESConfig:
+    fields = {f.name for f in dataclasses.fields(ESConfig)}
+    return ESConfig(**{k: v for k, v in dataclasses.asdict(cfg.es).items() if k in fields})
+
+
+def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto"):
+    task = task or build_task(cfg)
+    if mesh == "auto":
+        mesh = devices.population_mesh(cfg.es.popsize)
+    evo = Evolution(es_config(cfg), task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
+                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh)
+    return task, evo
+
+
+class _StopFlag:
+    """Turn SIGINT/SIGTERM into a flag read between generations (a generation is one XLA call)."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._old = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:  # a second signal: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto") -> dict:
+    """Run (or continue) the evolution described by ``cfg`` in ``run_dir``; returns a summary."""
+    run_dir = Path(run_dir).resolve()
+    is_main = jax.process_index() == 0
+    task, evo = build_evolution(cfg, mesh=mesh)
+    config_dict = cfg.to_dict()
+
+    ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
+    state = evo.init(jax.random.key(cfg.seed))
+    history: list[dict] = []
+    start = 0
+    if ckpt.latest_step() is not None:
+        state, meta = ckpt.restore(state)
+        state = devices.replicate(state, evo.mesh)
+        start = int(meta["generation"])
+        history = list(meta["history"])[:start]
+    if is_main:
+        truncate_metrics(run_dir, start)
+
+    logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
+                    wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main)
+    frames_per_gen = cfg.es.popsize * cfg.fitness.num_seeds * task.frames_per_eval
+    if start:
+        logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
+    if ckpt.removed_incomplete:
+        logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
+
+    t0 = time.perf_counter()
+    step = evo.step.lower(state).compile()  # one compilation per run, timed on its own
+    compile_s = time.perf_counter() - t0
+    logger.message(f"compiled the generation in {compile_s:.1f} s; {frames_per_gen:,} frames per generation "
+                   f"on {jax.device_count()} device(s)")
+
+    best_so_far = float(state.best_fitness)
+    stop = _StopFlag()
+    with stop:
+        for g in range(start, cfg.es.generations):
+            t = time.perf_counter()
+            state, stats = step(state)
+            stats = jax.device_get(stats)
+            seconds = time.perf_counter() - t
+            record = _record(stats, seconds, frames_per_gen)
+            history.append(record)
+            logger.log(record)
+            if record["best_so_far"] > best_so_far and is_main:
+                best_so_far = record["best_so_far"]
+                checkpoints.export_best(run_dir, state.best_params, _best_info(cfg, task, record))
+            done = g + 1
+            if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or stop.signum:
+                ckpt.save(done, state, history, config_dict)
+            if stop.signum:
+                ckpt.close()
+                logger.finish()
+                raise Interrupted(stop.signum, done)
+    ckpt.close()
+    summary = {"generations": len(history), "compile_seconds": compile_s,
+               "first_mean": history[0]["mean"] if history else None,
+               "last_mean": history[-1]["mean"] if history else None,
+               "best_so_far": best_so_far,
+               "median_fps": float(np.median([r["fps"] for r in history[start:]])) if history[start:] else None}
+    logger.finish(summary)
+    return summary
+
+
+def _record(stats: dict, seconds: float, frames_per_gen: int) -> dict:
+    record = {}
+    for k, v in stats.items():
+        v = np.asarray(v)
+        record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
+    record["seconds"] = seconds
+    record["fps"] = frames_per_gen / seconds if seconds > 0 else float("nan")
+    return record
+
+
+def _best_info(cfg: RunConfig, task: Task, record: dict) -> dict:
+    return {"experiment": cfg.experiment, "kind": task.kind, "algo": task.algo, "env": cfg.env,
+            "component": cfg.component, "inner": cfg.inner, "generation": record["generation"],
+            "fitness": record["best_so_far"], "seed": cfg.seed}
