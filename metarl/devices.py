@@ -29,9 +29,26 @@ def replicate(tree: Any, mesh: Optional[Any]) -> Any:
     return jax.device_put(tree, NamedSharding(mesh, P()))
 
 
+def enable_compilation_cache() -> None:
+    """Keep compiled generations on disk, so that a resumed or repeated run skips compilation.
+
+    ``JAX_COMPILATION_CACHE_DIR`` chooses the directory (default ``~/.cache/metarl/jax``);
+    ``METARL_COMPILATION_CACHE=0`` turns it off.
+    """
+    import os
+
+    if os.environ.get("METARL_COMPILATION_CACHE", "1") == "0":
+        return
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.expanduser("~/.cache/metarl/jax")
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def setup(devices_cfg) -> None:
     """Join a multi-process run when one is configured; a single process needs nothing."""
     import os
+
+    enable_compilation_cache()
 
     coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR")
     if devices_cfg.num_processes > 1 and coordinator:

@@ -137,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         from metarl import devices
 
         devices.setup(cfg.devices)  # before any JAX computation
-        from metarl.runner import Interrupted, build_evolution, run
+        from metarl.runner import Interrupted, es_config, run
         from metarl.tasks import build_task
 
-        build_task(cfg)  # every remaining check, before compiling or writing anything
+        # Every remaining check, before compiling or writing anything.
+        es_config(cfg).validate()
+        build_task(cfg)
         devices.population_mesh(cfg.es.popsize)
     except (ConfigError, ValueError) as err:
         fail(str(err).splitlines()[0])

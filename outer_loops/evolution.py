@@ -178,7 +178,7 @@ class Evolution:
         es_state = jax.tree.map(_strong, self.es.init(k_es, self.init_mean, self.es_params))
         return EvoState(es_state=es_state, key=k_run, generation=jnp.int32(0),
                         best_fitness=jnp.float32(-jnp.inf),
-                        best_params=jax.tree.map(jnp.asarray, self.init_mean))
+                        best_params=jax.tree.map(lambda x: _strong(jnp.asarray(x)), self.init_mean))
 
     def _step(self, state: EvoState):
         self.trace_count += 1

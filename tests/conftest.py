@@ -1,6 +1,13 @@
 import os
+import tempfile
 
-# Tests compile small programs; a single XLA thread per op avoids oversubscribing the 2-core CI box.
+# The flag API_NOTES found to stop XLA's CPU scheduler deadlocking small vmapped programs; harmless
+# on the jax we pin, kept as a second guard beside pytest-timeout.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+
+# One compilation cache for the whole session: the CLI tests run the same tiny program in many
+# subprocesses, and only the first has to compile it.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="metarl-test-jax-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")

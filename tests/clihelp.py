@@ -1,0 +1,31 @@
+"""Running the real CLI in a subprocess, at tiny sizes."""
+import os
+import subprocess
+import sys
+
+# Budgets small enough that a generation takes milliseconds; compilation dominates.
+TINY = ["es.popsize=4", "fitness.num_seeds=1", "inner.num_envs=2", "inner.num_steps=8",
+        "inner.total_timesteps=64", "inner.update_epochs=1", "inner.num_minibatches=1",
+        "inner.hidden_sizes=[8]", "inner.rollout_unroll=1", "component.hidden=[4]",
+        "checkpoint.every=1"]
+
+
+def env_vars():
+    env = dict(os.environ)
+    env.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+    env["WANDB_MODE"] = "disabled"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def evolve(args, cwd, timeout=300, check=False):
+    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd, env=env_vars(),
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def start_evolve(args, cwd):
+    return subprocess.Popen([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd, env=env_vars(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

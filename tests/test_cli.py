@@ -1,0 +1,93 @@
+"""`python -m metarl.evolve` end to end, with the real libraries at tiny sizes, in subprocesses."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clihelp import TINY, env_vars, evolve
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(600)
+def test_tiny_run_writes_config_metrics_and_best(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = evolve(["experiment=value_loss", *TINY, "es.generations=2", f"run_dir={run_dir}"], cwd=tmp_path,
+                  check=True)
+    assert (run_dir / "config.yaml").exists()
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["generation"] for r in records] == [0, 1]
+    for r in records:
+        assert {"best", "mean", "fps", "seconds", "fitness", "nonfinite"} <= set(r)
+        assert len(r["fitness"]) == 4
+    assert (run_dir / "best_meta_params.msgpack").stat().st_size > 0
+    info = json.loads((run_dir / "best_meta_params.json").read_text())
+    assert info["kind"] == "value_loss" and info["env"] == "CartPole-v1"
+    assert "gen    2/2" in proc.stdout and "frames/s" in proc.stdout and "left" in proc.stdout
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("experiment", ["policy_objective", "hyperparams"])
+def test_other_experiments_run(tmp_path, experiment):
+    tiny = [a for a in TINY if not a.startswith("component.")]
+    if experiment == "policy_objective":
+        tiny.append("component.hidden=[4]")
+    run_dir = tmp_path / "run"
+    evolve([f"experiment={experiment}", *tiny, "es.generations=2", f"run_dir={run_dir}", "env=Acrobot-v1"],
+           cwd=tmp_path, check=True)
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, field", [
+    (["experiment=nope"], "experiment"),
+    ([], "experiment"),
+    (["experiment=value_loss", "es.strategy=FancyES"], "es.strategy"),
+    (["experiment=value_loss", "env=NoSuchEnv-v9"], "env"),
+    (["experiment=value_loss", "es.popsize=7"], "es.popsize"),
+    (["experiment=value_loss", "es.generations=0"], "es.generations"),
+    (["experiment=value_loss", "inner.total_timesteps=0"], "inner.total_timesteps"),
+    (["experiment=value_loss", "inner.lr=-1"], "inner.lr"),
+    (["experiment=value_loss", "fitness.num_seeds=0"], "fitness.num_seeds"),
+    (["experiment=value_loss", "es.popsize=abc"], "es.popsize"),
+    (["experiment=value_loss", "es.typo=3"], "es.typo"),
+    (["experiment=value_loss", "inner.num_minibatches=3"], "inner.num_minibatches"),
+    (["experiment=value_loss", "logger.wandb.mode=sometimes"], "logger.wandb.mode"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, field):
+    proc = evolve(args + [f"run_dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {field}:"), lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.timeout(900)
+def test_works_from_a_non_editable_install_in_another_directory(tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--target", str(target), str(REPO)], check=True, timeout=600, capture_output=True)
+    assert (target / "experiments" / "value_loss.yaml").exists()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = env_vars()
+    env["PYTHONPATH"] = str(target)
+    proc = subprocess.run([sys.executable, "-c", "import experiments, metarl; print(experiments.__file__)"],
+                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip().startswith(str(target)), proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", "experiment=value_loss", *TINY,
+                           "es.generations=1"], cwd=elsewhere, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    runs = list((elsewhere / "checkpoints").iterdir())
+    assert len(runs) == 1 and (runs[0] / "metrics.jsonl").exists()
+
+
+def test_help_exits_0():
+    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", "--help"], env=env_vars(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "experiment=" in proc.stdout

@@ -1,0 +1,94 @@
+"""The evolution driver on toy problems with known optima (real evosax, no RL)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from outer_loops.evolution import STRATEGIES, ESConfig, Evolution, replace_nonfinite
+
+TARGET = {"w": jnp.array([1.0, -2.0, 0.5]), "b": jnp.array(1.5)}
+TEMPLATE = jax.tree.map(jnp.zeros_like, TARGET)
+
+
+def toy_fitness(params, key):
+    # Higher is better; the optimum is TARGET. The key adds a little noise, as an RL fitness would.
+    err = sum(jnp.sum((p - t) ** 2) for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(TARGET)))
+    return -err + 0.01 * jax.random.normal(key)
+
+
+def distance(params):
+    return float(sum(jnp.sum((p - t) ** 2) for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(TARGET))))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_driver_maximises_toward_the_optimum(strategy):
+    evo = Evolution(ESConfig(strategy=strategy, popsize=16, std_init=0.3, lr=0.1), TEMPLATE, toy_fitness,
+                    num_seeds=2)
+    state = evo.init(jax.random.key(0))
+    first = None
+    for _ in range(60):
+        state, stats = evo.step(state)
+        first = float(stats["mean"]) if first is None else first
+    start = distance(TEMPLATE)
+    assert distance(evo.mean(state)) < 0.2 * start, strategy
+    assert float(stats["mean"]) > first
+    assert float(state.best_fitness) > -0.2 * start
+    assert evo.trace_count == 1
+
+
+@pytest.mark.timeout(300)
+def test_nonfinite_members_are_counted_and_the_run_goes_on():
+    def sometimes_nan(params, key):
+        f = toy_fitness(params, key)
+        return jnp.where(params["b"] > 0.0, jnp.nan, f)  # about half the population diverges
+
+    evo = Evolution(ESConfig(popsize=16, std_init=0.3, lr=0.1), TEMPLATE, sometimes_nan, num_seeds=1)
+    state = evo.init(jax.random.key(1))
+    counts = []
+    for _ in range(5):
+        state, stats = evo.step(state)
+        counts.append(int(stats["nonfinite"]))
+        assert np.all(np.isfinite(stats["fitness"]))
+        assert float(stats["worst"]) == pytest.approx(float(np.min(stats["fitness"])))
+    assert sum(counts) > 0
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(evo.mean(state)))
+
+
+def test_replace_nonfinite_uses_worst_finite_or_floor():
+    f = jnp.array([3.0, jnp.nan, 1.0, jnp.inf])
+    fixed, n = replace_nonfinite(f)
+    np.testing.assert_allclose(fixed, [3.0, 1.0, 1.0, 1.0])
+    assert int(n) == 2
+    fixed, _ = replace_nonfinite(f, floor=-100.0)
+    np.testing.assert_allclose(fixed, [3.0, -100.0, 1.0, -100.0])
+    fixed, n = replace_nonfinite(jnp.array([jnp.nan, jnp.nan]))
+    assert np.all(np.isfinite(fixed)) and int(n) == 2
+
+
+@pytest.mark.timeout(300)
+def test_generation_is_traced_once_across_generations():
+    evo = Evolution(ESConfig(popsize=8), TEMPLATE, toy_fitness, num_seeds=3)
+    state = evo.init(jax.random.key(0))
+    for _ in range(4):
+        state, _ = evo.step(state)
+    assert evo.trace_count == 1
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(strategy="NoSuchES"), "es.strategy"),
+    (dict(popsize=7), "es.popsize"),
+    (dict(strategy="PGPE", popsize=5), "es.popsize"),
+    (dict(std_init=0.0), "es.std_init"),
+    (dict(optimizer="rmsprop"), "es.optimizer"),
+    (dict(fitness_shaping="magic"), "es.fitness_shaping"),
+])
+def test_bad_es_config_names_the_field(kwargs, field):
+    with pytest.raises(ValueError) as err:
+        ESConfig(**kwargs).validate()
+    assert str(err.value).startswith(field + ":")
+
+
+def test_odd_population_allowed_without_antithetic_sampling():
+    ESConfig(strategy="SNES", popsize=7).validate()
+    ESConfig(strategy="Open_ES", popsize=7, antithetic=False).validate()
