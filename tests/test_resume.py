@@ -1,0 +1,173 @@
+"""Checkpoints and resume: a run stopped at any moment continues exactly where it was."""
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from clihelp import TINY, evolve, start_evolve
+
+# A little more work per generation than TINY, so that a kill can land inside one.
+SLOWER = [a for a in TINY if not a.startswith("inner.total_timesteps")] + ["inner.total_timesteps=2048"]
+
+
+def records(run_dir):
+    out = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        r.pop("seconds"), r.pop("fps")
+        out.append(r)
+    return out
+
+
+def final_state(run_dir):
+    from metarl import checkpoints
+    from metarl.results import load_config
+    from metarl.runner import build_evolution
+
+    cfg = load_config(run_dir)
+    _, evo = build_evolution(cfg, mesh=None)
+    ckpt = checkpoints.Checkpointer(run_dir, write=False)
+    state, meta = ckpt.restore(evo.init(jax.random.key(0)))
+    ckpt.close()
+    return state, meta
+
+
+def assert_same_run(a, b):
+    assert records(a) == records(b)
+    (sa, ma), (sb, mb) = final_state(a), final_state(b)
+    assert ma["generation"] == mb["generation"]
+    for x, y in zip(jax.tree.leaves(jax.random.key_data(sa.key)), jax.tree.leaves(jax.random.key_data(sb.key))):
+        np.testing.assert_array_equal(x, y)
+    for x, y in zip(jax.tree.leaves(sa.es_state), jax.tree.leaves(sb.es_state)):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def straight_six(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    evolve(["experiment=value_loss", *TINY, "es.generations=6", f"run_dir={run_dir}"], cwd=run_dir.parent,
+           check=True)
+    return run_dir
+
+
+@pytest.mark.timeout(600)
+def test_three_then_resume_three_equals_six_straight(tmp_path, straight_six):
+    run_dir = tmp_path / "run"
+    evolve(["experiment=value_loss", *TINY, "es.generations=3", f"run_dir={run_dir}"], cwd=tmp_path, check=True)
+    assert len(records(run_dir)) == 3
+    proc = evolve([f"resume={run_dir}", "es.generations=6"], cwd=tmp_path, check=True)
+    assert "resuming" in proc.stdout
+    assert [r["generation"] for r in records(run_dir)] == list(range(6))
+    assert_same_run(run_dir, straight_six)
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_mid_generation_and_mid_checkpoint_then_resume(tmp_path):
+    args = ["experiment=value_loss", *SLOWER, "es.generations=6"]
+    straight = tmp_path / "straight"
+    evolve([*args, f"run_dir={straight}"], cwd=tmp_path, check=True)
+
+    # 1. Killed inside a generation: once two generations are logged, the third is running.
+    run_dir = tmp_path / "killed"
+    proc = start_evolve([*args, f"run_dir={run_dir}"], cwd=tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done_before = len(metrics.read_text().splitlines())
+    assert done_before < 6, "the run finished before it could be killed"
+
+    # 2. Resumed by the same command, and killed while a checkpoint is being written.
+    proc = start_evolve([*args, f"run_dir={run_dir}"], cwd=tmp_path)
+    ckpt_dir = run_dir / "ckpt"
+    caught = False
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        if ckpt_dir.exists() and any("orbax-checkpoint-tmp" in p.name for p in ckpt_dir.iterdir()):
+            proc.send_signal(signal.SIGKILL)
+            caught = True
+            break
+        time.sleep(0.0005)
+    proc.wait()
+
+    # 3. Resumed again, to the end: the result equals the uninterrupted run.
+    final = evolve([*args, f"run_dir={run_dir}"], cwd=tmp_path, check=True)
+    if caught:
+        assert not any("orbax-checkpoint-tmp" in p.name for p in ckpt_dir.iterdir())
+    assert_same_run(run_dir, straight)
+    print(f"killed after {done_before} generations; caught a checkpoint write: {caught}\n{final.stdout}")
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_saves_then_exits_with_a_message(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["experiment=value_loss", *SLOWER, "es.generations=200", "checkpoint.every=1000",
+            f"run_dir={run_dir}"]
+    proc = start_evolve(args, cwd=tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 400
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM" in stderr and f"resume={run_dir}" in stderr
+    _, meta = final_state(run_dir)
+    assert meta["generation"] == len(records(run_dir)) >= 1  # saved where it stopped, nothing lost
+
+
+@pytest.mark.timeout(600)
+def test_changed_search_is_refused_and_nothing_is_touched(tmp_path, straight_six):
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight_six, run_dir)
+    before = (run_dir / "metrics.jsonl").read_text()
+    proc = evolve(["experiment=value_loss", *TINY, "es.generations=6", "es.popsize=8", "seed=1",
+                   f"run_dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 2
+    line = proc.stderr.strip()
+    assert line.startswith("error: run_dir:") and "es.popsize: 4 -> 8" in line and "seed: 0 -> 1" in line
+    assert (run_dir / "metrics.jsonl").read_text() == before
+    # Raising the number of generations is allowed.
+    proc = evolve([f"resume={run_dir}", "es.generations=7"], cwd=tmp_path, check=True)
+    assert len(records(run_dir)) == 7
+
+
+@pytest.mark.timeout(300)
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path, straight_six):
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight_six, run_dir)
+    latest = max(int(p.name) for p in (run_dir / "ckpt").iterdir() if p.name.isdigit())
+    for path in (run_dir / "ckpt" / str(latest)).rglob("*"):
+        if path.is_file() and "state" in path.parts:
+            path.write_bytes(b"garbage")
+    before = (run_dir / "metrics.jsonl").read_text()
+    proc = evolve([f"resume={run_dir}", "es.generations=8"], cwd=tmp_path)
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()
+    assert len(line) == 1 and "unreadable" in line[0] and str(latest) in line[0], proc.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.timeout(600)
+def test_exported_best_loads_into_a_fresh_ppo_training(straight_six):
+    from inner_loops.ppo import make_train
+    from metarl.results import load_best
+
+    best = load_best(straight_six)
+    assert best.kind == "value_loss"
+    _, metrics = jax.jit(best.train)(jax.random.key(123))
+    assert np.all(np.isfinite(metrics["episode_return"]))
+    # The same through the trainer's own API, as a researcher would use it.
+    train = jax.jit(make_train(best.inner_config, value_loss=best.component))
+    _, metrics2 = train(jax.random.key(123), {"value_loss": best.meta_params})
+    np.testing.assert_allclose(metrics["episode_return"], metrics2["episode_return"], rtol=1e-5)
