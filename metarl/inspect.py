@@ -1,0 +1,248 @@
+"""``python -m metarl.inspect RUN_DIR [error_range=5]``: figures of a run, written to RUN_DIR/figures/.
+
+    fitness.png             best, mean and population quantiles per generation (every experiment)
+    value_loss.png          the learned value loss and its gradient beside L2 (value_loss)
+    value_loss_<input>.png  heatmap over the error and each further input, the rest fixed at 0 (value_loss)
+    policy_objective.png    the learned drift and objective beside PPO's clipping over (r, A) (policy_objective)
+    hyperparams.png         the search mean and spread of each hyperparameter per checkpoint (hyperparams)
+
+Works on a finished run, a run still going (the metrics and checkpoints so far) and a run directory
+copied from elsewhere: everything is read relative to RUN_DIR. Bad input: one ``error:`` line, exit 2.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+FIGURES = "figures"
+
+
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def parse_args(argv: list[str], allowed: dict) -> tuple[Path, dict]:
+    """``RUN_DIR key=value ...`` with ``allowed`` mapping each key to (type, default)."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(sys.modules["__main__"].__doc__ or __doc__)
+        raise SystemExit(0 if argv else EXIT_BAD_INPUT)
+    run_dir, options = Path(argv[0]), {k: default for k, (_, default) in allowed.items()}
+    for arg in argv[1:]:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in allowed:
+            fail(f"argument {arg!r}: expected one of {', '.join(f'{k}=' for k in allowed)}")
+        try:
+            options[key] = allowed[key][0](value)
+        except ValueError:
+            fail(f"{key}: {value!r} is not a valid {allowed[key][0].__name__}")
+    if not run_dir.is_dir():
+        fail(f"{run_dir}: no such directory")
+    if not (run_dir / "config.yaml").is_file():
+        fail(f"{run_dir}: not a metarl run directory (no config.yaml)")
+    return run_dir, options
+
+
+def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
+    from metarl import plots, results
+
+    history = results.history(run_dir)
+    if not history:
+        print(f"note: {run_dir} has no finished generation yet; no fitness plot", file=sys.stderr)
+        return []
+    title = f"{cfg.experiment} on {cfg.env}: {len(history)}/{cfg.es.generations} generations, popsize {cfg.es.popsize}"
+    return [plots.save(plots.fitness_figure(history, title), out / "fitness.png")]
+
+
+def _best_or_none(run_dir: Path, task):
+    from flax import serialization
+
+    from metarl import checkpoints
+
+    try:
+        raw, info = checkpoints.read_best(run_dir)
+    except checkpoints.CheckpointError:
+        return None, None
+    return serialization.from_state_dict(task.template, raw), info
+
+
+def value_loss_plots(task, meta, info, out: Path, error_range: float) -> list[Path]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from metarl import plots
+
+    comp = task.component
+    fixed = f"best meta-parameters of generation {info.get('generation')} (fitness {info.get('fitness', float('nan')):.4g})"
+    extra = [i for i in comp.inputs if i != "error"]
+
+    def loss_at(value, old_error, target):
+        return comp.apply(meta, value, target + old_error, target, task.inner_config)
+
+    # Gradient w.r.t. the prediction only: target and the old prediction are data.
+    grad_fn = jax.vmap(jax.grad(loss_at))
+    errors = jnp.linspace(-error_range, error_range, 401)
+    zeros = jnp.zeros_like(errors)
+    loss = np.asarray(jax.vmap(loss_at)(errors, zeros, zeros))
+    grad = np.asarray(grad_fn(errors, zeros, zeros))
+    note = fixed + (f"; {', '.join(extra)} fixed at 0" if extra else "")
+    paths = [plots.save(plots.value_loss_figure(np.asarray(errors), loss, grad, note), out / "value_loss.png")]
+
+    errors = jnp.linspace(-error_range, error_range, 121)
+    for name in extra:
+        span = 4 * error_range if name == "target" else error_range
+        other = jnp.linspace(-span, span, 81)
+        e, o = (x.ravel() for x in jnp.meshgrid(errors, other))
+        zeros = jnp.zeros_like(e)
+        # (value, old_error, target) with value = target + error
+        args = (o + e, zeros, o) if name == "target" else (e, o, zeros)
+        z = np.asarray(jax.vmap(loss_at)(*args)).reshape(len(other), len(errors))
+        g = np.asarray(grad_fn(*args)).reshape(len(other), len(errors))
+        rest = [i for i in extra if i != name]
+        note_h = fixed + (f"; {', '.join(rest)} fixed at 0" if rest else "")
+        fig = plots.value_loss_heatmap_figure(np.asarray(errors), np.asarray(other), z, g, name, note_h)
+        paths.append(plots.save(fig, out / f"value_loss_{name}.png"))
+    return paths
+
+
+def policy_objective_plots(task, meta, out: Path) -> list[Path]:
+    import jax.numpy as jnp
+    import numpy as np
+
+    from inner_loops.components import CLIPPED_SURROGATE
+    from metarl import plots
+
+    config = task.inner_config
+    ratios = jnp.linspace(0.5, 1.5, 101)
+    advantages = jnp.linspace(-2.0, 2.0, 81)
+    r, a = jnp.meshgrid(ratios, advantages)
+    drift = np.asarray(task.component.drift(meta, r, a, config))
+    ppo_drift = np.asarray(r * a - CLIPPED_SURROGATE.apply({}, r, a, config))
+    fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
+                                        float(config.clip_eps))
+    return [plots.save(fig, out / "policy_objective.png")]
+
+
+def search_trajectory(run_dir: Path, cfg, task):
+    """Decoded search mean and mean -+ std per kept checkpoint, generation 0 from the config's start.
+
+    Returns (generations, means, lows, highs); lows/highs are None when the strategy keeps no
+    per-dimension std. Only kept checkpoints are seen (``checkpoint.keep``), so the curve is sparse.
+    """
+    import jax
+    import numpy as np
+    from jax.flatten_util import ravel_pytree
+
+    from metarl.checkpoints import Checkpointer
+    from metarl.runner import build_evolution
+
+    _, evo = build_evolution(cfg, task=task, mesh=None)
+    init_state = evo.init(jax.random.key(cfg.seed))
+    _, unravel = ravel_pytree(task.template)
+    ckpt = Checkpointer(run_dir, write=False)
+    try:
+        steps = sorted(ckpt.manager.all_steps())
+        states = [(0, init_state)] + [(s, ckpt.restore(init_state, s)[0]) for s in steps]
+    finally:
+        ckpt.close()
+    gens, means, lows, highs = [], [], [], []
+    with_std = True
+    for step, state in states:
+        es_state = state.es_state
+        flat_mean, _ = ravel_pytree(evo.es.get_mean(es_state))
+        std = _search_std(es_state, flat_mean.shape)
+        gens.append(step)
+        means.append(task.component.decode(unravel(flat_mean)))
+        if std is None:
+            with_std = False
+        else:
+            lows.append(task.component.decode(unravel(flat_mean - std)))
+            highs.append(task.component.decode(unravel(flat_mean + std)))
+    stack = lambda seq: {n: np.array([float(d[n]) for d in seq]) for n in task.component.names}
+    return gens, stack(means), (stack(lows) if with_std else None), (stack(highs) if with_std else None)
+
+
+def _search_std(es_state, shape):
+    """Per-dimension search std: ``std`` (scalar or per dimension), times sqrt(diag C) where the
+    strategy adapts a covariance (Sep-CMA-ES keeps the diagonal C, CMA-ES the full matrix)."""
+    import jax.numpy as jnp
+
+    if not hasattr(es_state, "std"):
+        return None
+    std = jnp.broadcast_to(jnp.asarray(es_state.std, jnp.float32), shape)
+    c = getattr(es_state, "C", None)
+    if c is not None:
+        c = jnp.asarray(c)
+        std = std * jnp.sqrt(jnp.diag(c) if c.ndim == 2 else c)
+    return std
+
+
+def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path) -> list[Path]:
+    from metarl import plots
+    from metarl.checkpoints import CheckpointError
+
+    comp = task.component
+    bounds = {n: (comp.low[i], comp.high[i]) for i, n in enumerate(comp.names)}
+    log = {n: comp.log[i] for i, n in enumerate(comp.names)}
+    best_values = {k: float(v) for k, v in comp.decode(best).items()} if best is not None else None
+    best_gen = info.get("generation") if info else None
+    try:
+        gens, means, lows, highs = search_trajectory(run_dir, cfg, task)
+        note = (f"search mean per kept checkpoint (generation 0 = the configured start; checkpoint.every="
+                f"{cfg.checkpoint.every}, keep={cfg.checkpoint.keep}); star: exported best")
+    except (CheckpointError, ValueError, KeyError, TypeError) as err:
+        if best_values is None:
+            print(f"note: no readable checkpoint and no exported best in {run_dir}; no hyperparameter plot "
+                  f"({type(err).__name__})", file=sys.stderr)
+            return []
+        print(f"note: checkpoints unreadable ({err}); plotting the exported best only", file=sys.stderr)
+        gens, means, lows, highs = [best_gen or 0], {k: [v] for k, v in best_values.items()}, None, None
+        note = "checkpoints unreadable: exported best only"
+    fig = plots.hyperparams_figure(gens, means, lows, highs, bounds, log, best_values,
+                                   best_gen, note)
+    return [plots.save(fig, out / "hyperparams.png")]
+
+
+def inspect_run(run_dir: str | Path, error_range: float = 5.0) -> list[Path]:
+    """Write every figure that applies to ``run_dir`` into ``run_dir/figures``; returns their paths."""
+    from metarl import results
+    from metarl.checkpoints import CheckpointError
+    from metarl.config import ConfigError
+    from metarl.tasks import build_task
+
+    run_dir = Path(run_dir)
+    try:
+        cfg = results.load_config(run_dir)
+        task = build_task(cfg)
+    except (CheckpointError, ConfigError) as err:
+        fail(str(err))
+    except Exception as err:  # an unparsable config.yaml
+        fail(f"{run_dir / 'config.yaml'}: unreadable ({type(err).__name__}: {err})")
+    out = run_dir / FIGURES
+    paths = fitness_plot(run_dir, cfg, out)
+    meta, info = _best_or_none(run_dir, task)
+    if task.kind == "hyperparams":
+        paths += hyperparams_plots(run_dir, cfg, task, meta, info, out)
+    elif meta is None:
+        print(f"note: {run_dir} has exported no best meta-parameters yet; no component plot", file=sys.stderr)
+    elif task.kind == "value_loss":
+        paths += value_loss_plots(task, meta, info, out, error_range)
+    elif task.kind == "policy_objective":
+        paths += policy_objective_plots(task, meta, out)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir, options = parse_args(argv, {"error_range": (float, 5.0)})
+    if not options["error_range"] > 0:
+        fail(f"error_range: {options['error_range']}; allowed: > 0")
+    for path in inspect_run(run_dir, options["error_range"]):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

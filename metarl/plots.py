@@ -1,0 +1,225 @@
+"""Figures of a run: fitness over generations, the learned component, searched hyperparameters and
+evaluation learning curves.
+
+Every function returns a ``matplotlib.figure.Figure`` built on the Agg canvas, never through pyplot,
+so nothing is left in pyplot's global state and no display is needed; ``save(fig, path)`` writes it.
+The functions take plain arrays and callables, not run directories: ``metarl.inspect`` reads a run and
+calls them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import TwoSlopeNorm
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+LEARNED, BASELINE = "tab:blue", "tab:orange"
+DPI = 100
+
+
+def new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+# --- fitness -------------------------------------------------------------------------------------
+
+def fitness_figure(history: Sequence[dict], title: str = "") -> Figure:
+    """Best, mean and median member per generation over the population's q10-q90 and q25-q75 bands,
+    and the best fitness so far. Records without quantiles (old runs) get a mean +- std band."""
+    fig = new_figure(7, 4)
+    ax = fig.add_subplot()
+    gens = np.array([r["generation"] for r in history], dtype=float)
+    col = lambda k: np.array([r.get(k, np.nan) for r in history], dtype=float)
+    if all("q10" in r for r in history):
+        ax.fill_between(gens, col("q10"), col("q90"), color=LEARNED, alpha=0.15, lw=0, label="population q10-q90")
+        ax.fill_between(gens, col("q25"), col("q75"), color=LEARNED, alpha=0.3, lw=0, label="population q25-q75")
+        ax.plot(gens, col("q50"), color=LEARNED, lw=1, ls=":", label="median")
+    else:
+        mean, std = col("mean"), col("std")
+        ax.fill_between(gens, mean - std, mean + std, color=LEARNED, alpha=0.2, lw=0, label="mean +- std")
+    ax.plot(gens, col("mean"), color=LEARNED, lw=2, label="mean")
+    ax.plot(gens, col("best"), color="tab:green", lw=1, marker=".", label="best of generation")
+    ax.step(gens, col("best_so_far"), where="post", color="black", lw=1, ls="--", label="best so far")
+    nonfinite = col("nonfinite")
+    bad = np.nan_to_num(nonfinite) > 0
+    if bad.any():
+        ax.plot(gens[bad], col("worst")[bad], "x", color="red", label="generation with diverged members")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("generation")
+    ax.set_ylabel("fitness (episode return)")
+    ax.set_title(title or "fitness over generations")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    if len(gens) == 1:
+        ax.set_xlim(gens[0] - 1, gens[0] + 1)
+    return fig
+
+
+# --- learned value loss ---------------------------------------------------------------------------
+
+def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
+    """The learned curve on its own right axis when its scale differs from L2's by over 5x: the
+    learned loss has an arbitrary scale, and its shape is what is compared."""
+    a, b = np.nanmax(np.abs(learned)), np.nanmax(np.abs(baseline))
+    if a > 0 and b > 0 and 0.2 <= a / b <= 5:
+        return ax, False
+    twin = ax.twinx()
+    twin.tick_params(axis="y", colors=LEARNED)
+    return twin, True
+
+
+def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fixed: str = "") -> Figure:
+    """Left: the learned loss shifted to 0 at zero error (raw values in the legend) beside L2 = 0.5 e^2.
+    Right: its gradient with respect to the prediction beside L2's, e. ``errors`` = prediction - target."""
+    fig = new_figure(11, 4.2)
+    l2, l2_grad = 0.5 * errors**2, errors
+    zero = int(np.argmin(np.abs(errors)))
+    shifted = loss - loss[zero]
+    for ax, learned, base, name, base_label in (
+            (fig.add_subplot(1, 2, 1), shifted, l2, "loss", "L2: 0.5 e²"),
+            (fig.add_subplot(1, 2, 2), grad, l2_grad, "d loss / d prediction", "L2: e")):
+        ax.plot(errors, base, color=BASELINE, lw=2, label=base_label)
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.axvline(0, color="grey", lw=0.5)
+        target, twinned = _twin_if_needed(ax, learned, base)
+        label = "learned" + (" - learned(0)" if name == "loss" else "") + (" (right axis)" if twinned else "")
+        target.plot(errors, learned, color=LEARNED, lw=2, label=label)
+        if twinned:
+            target.set_ylabel(f"learned {name}", color=LEARNED)
+        ax.set_xlabel("error e = prediction - target")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        handles = ax.get_legend_handles_labels()
+        if twinned:
+            more = target.get_legend_handles_labels()
+            handles = (handles[0] + more[0], handles[1] + more[1])
+        ax.legend(*handles, fontsize=8, loc="upper center")
+    fig.axes[0].set_title(f"value loss (learned at 0: {loss[zero]:.3g}, range {np.ptp(loss):.3g})")
+    fig.axes[1].set_title("gradient w.r.t. the prediction")
+    if fixed:
+        fig.suptitle(fixed, fontsize=9)
+    return fig
+
+
+def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.ndarray, grad: np.ndarray,
+                              other_name: str, fixed: str = "") -> Figure:
+    """Learned loss (shifted to 0 at the grid's zero error per row) and its gradient over error x another
+    input; ``loss`` and ``grad`` have shape (len(other), len(errors))."""
+    fig = new_figure(11, 4.2)
+    zero = int(np.argmin(np.abs(errors)))
+    for i, (z, name) in enumerate(((loss - loss[:, zero:zero + 1], "learned loss - loss at e=0"),
+                                   (grad, "d loss / d prediction"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        mesh = ax.pcolormesh(errors, other, z, cmap="RdBu_r", norm=_centred(z), shading="auto")
+        fig.colorbar(mesh, ax=ax)
+        ax.set_xlabel("error e = prediction - target")
+        ax.set_ylabel(other_name)
+        ax.set_title(name)
+    if fixed:
+        fig.suptitle(fixed, fontsize=9)
+    return fig
+
+
+def _centred(z):
+    lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
+    lim = lim if lim > 0 else 1.0
+    return TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
+
+
+# --- learned policy objective ---------------------------------------------------------------------
+
+def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: np.ndarray,
+                            ppo_drift: np.ndarray, clip_eps: float) -> Figure:
+    """2x2 heatmaps over ratio r (x) and advantage A (y): top the drift (learned | PPO's
+    relu((r - clip(r)) A)), bottom the objective r A - drift (learned | PPO's clipped objective).
+    Each row shares one colour scale; dashed lines mark PPO's clip range."""
+    fig = new_figure(10, 8)
+    r, a = np.meshgrid(ratios, advantages)
+    rows = (("drift", drift, ppo_drift, "magma", None),
+            ("objective r·A - drift", r * a - drift, r * a - ppo_drift, "RdBu_r", "centred"))
+    for row, (name, learned, ppo, cmap, norm) in enumerate(rows):
+        both = np.stack([learned, ppo])
+        if norm:
+            kw = {"norm": _centred(both)}
+        else:
+            kw = {"vmin": 0.0, "vmax": max(float(np.nanmax(both)), 1e-6)}
+        for col, (z, who) in enumerate(((learned, "learned"), (ppo, f"PPO (clip_eps={clip_eps:g})"))):
+            ax = fig.add_subplot(2, 2, 2 * row + col + 1)
+            mesh = ax.pcolormesh(ratios, advantages, z, cmap=cmap, shading="auto", **kw)
+            if np.nanmax(z) > np.nanmin(z):
+                ax.contour(ratios, advantages, z, levels=8, colors="k", linewidths=0.4, alpha=0.6)
+            for x in (1 - clip_eps, 1 + clip_eps):
+                ax.axvline(x, color="white" if cmap == "magma" else "grey", ls="--", lw=0.8)
+            ax.set_title(f"{who}: {name}", fontsize=10)
+            ax.set_xlabel("ratio r = π / π_old")
+            ax.set_ylabel("advantage A")
+            fig.colorbar(mesh, ax=ax)
+    return fig
+
+
+# --- hyperparameters ------------------------------------------------------------------------------
+
+def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional[dict], highs: Optional[dict],
+                       bounds: dict, log: dict, best: Optional[dict] = None,
+                       best_generation: Optional[float] = None, note: str = "") -> Figure:
+    """One panel per hyperparameter: the search mean (decoded) per checkpointed generation, a band of
+    mean -+ one search std mapped through the bounded transform, the search bounds, and the exported best."""
+    names = list(means)
+    ncols = min(4, len(names))
+    nrows = -(-len(names) // ncols)
+    fig = new_figure(3.2 * ncols, 2.8 * nrows + 0.4)
+    gens = np.asarray(generations, dtype=float)
+    for i, name in enumerate(names):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        if lows is not None and highs is not None:
+            ax.fill_between(gens, lows[name], highs[name], color=LEARNED, alpha=0.25, lw=0, label="mean -+ std")
+        ax.plot(gens, means[name], color=LEARNED, marker="o", ms=3, lw=1.5, label="search mean")
+        for b in bounds[name]:
+            ax.axhline(b, color="grey", ls=":", lw=0.8)
+        if best is not None:
+            ax.plot([best_generation if best_generation is not None else gens[-1]], [best[name]], "*",
+                    color="tab:green", ms=10, label="exported best")
+        if log[name]:
+            ax.set_yscale("log")
+        ax.set_title(name)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("generation")
+        ax.grid(alpha=0.3)
+        if i == 0:
+            ax.legend(fontsize=7)
+    if note:
+        fig.suptitle(note, fontsize=9)
+    return fig
+
+
+# --- evaluation -----------------------------------------------------------------------------------
+
+def learning_curves_figure(frames: np.ndarray, curves: dict, ci: Callable[[np.ndarray], tuple], title: str = "") -> Figure:
+    """Mean return per update over seeds with a band ``ci(curves) -> (low, high)`` per side;
+    ``curves`` maps a label to an array (seeds, updates)."""
+    fig = new_figure(7, 4)
+    ax = fig.add_subplot()
+    for (label, c), colour in zip(curves.items(), (LEARNED, BASELINE, "tab:green", "tab:red")):
+        c = np.asarray(c, dtype=float)
+        low, high = ci(c)
+        ax.fill_between(frames, low, high, color=colour, alpha=0.25, lw=0)
+        ax.plot(frames, np.nanmean(c, axis=0), color=colour, lw=2, label=f"{label} (n={c.shape[0]})")
+    ax.set_xlabel("environment frames")
+    ax.set_ylabel("episode return")
+    ax.set_title(title or "learning curves (mean, 95% CI over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
