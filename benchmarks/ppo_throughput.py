@@ -1,0 +1,127 @@
+"""PPO throughput on CartPole-v1: metarl's ``inner_loops.ppo`` against a PureJaxRL-style reference.
+
+Both use PureJaxRL's default CartPole config (4 envs x 128 steps, 4 epochs x 4 minibatches, 64x64 tanh
+actor and critic, lr 2.5e-4 annealed, 5e5 frames). For each agent count, ``jax.jit(jax.vmap(train))``
+over that many keys is compiled and timed for each implementation in the same process; timed runs
+alternate between the implementations (ABBA order) so machine drift hits both alike. Prints ONE JSON
+object to stdout (progress goes to stderr):
+
+- per implementation and agent count: ``compile_s`` (first call minus the median run), ``run_s``
+  (median of ``--repeats`` runs after compilation), ``frames_per_s`` (agents x frames per run / run_s)
+  and every run's seconds;
+- per agent count: ``ratio_metarl_over_reference`` of frames/s (> 1 means metarl is faster);
+- jax version, device count, ``os.cpu_count()``, the CPUs the process may use, and ``XLA_FLAGS``.
+
+Usage (run under ``timeout``: jax 0.10 can deadlock on 2 CPU cores, see shared/API_NOTES.md)::
+
+    timeout 1800 python benchmarks/ppo_throughput.py [--agents 1 8 32] [--repeats 3]
+        [--total-timesteps 500000] [--impl metarl reference]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+
+from inner_loops.ppo import PPOConfig, make_train as make_metarl_train
+
+try:  # run as a script: benchmarks/ is on sys.path
+    import reference_ppo
+except ImportError:  # imported as benchmarks.ppo_throughput
+    from benchmarks import reference_ppo
+
+IMPLS = ("metarl", "reference")
+
+
+def build(impl: str, total_timesteps: int, n_agents: int):
+    """(jitted fn(key) training ``n_agents`` vmapped agents, frames stepped per agent)."""
+    if impl == "metarl":
+        config = PPOConfig(env="CartPole-v1", total_timesteps=total_timesteps)
+        train = make_metarl_train(config)
+        one = lambda k: train(k)  # noqa: E731
+        frames = config.frames_per_run
+    elif impl == "reference":
+        one = reference_ppo.make_train(total_timesteps=total_timesteps)
+        frames = reference_ppo.frames_per_run(total_timesteps=total_timesteps)
+    else:
+        raise ValueError(f"impl: {impl!r}; allowed: {', '.join(IMPLS)}")
+    many = jax.jit(jax.vmap(one))
+    return (lambda key: many(jax.random.split(key, n_agents))), frames
+
+
+def timed(fn, key) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn(key))
+    return time.perf_counter() - start
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--agents", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--total-timesteps", type=float, default=5e5)
+    parser.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS))
+    args = parser.parse_args()
+    total = int(args.total_timesteps)
+    impls = list(dict.fromkeys(args.impl))
+
+    results: dict = {}
+    ratios: dict = {}
+    for n in args.agents:
+        key = jax.random.key(n)
+        fns, first, runs = {}, {}, {impl: [] for impl in impls}
+        for impl in impls:
+            fns[impl] = build(impl, total, n)
+            first[impl] = timed(fns[impl][0], key)  # trace + compile + one run
+            log(f"[{n} agents] {impl}: first call {first[impl]:.2f}s")
+        for r in range(args.repeats):
+            order = impls if r % 2 == 0 else impls[::-1]
+            for impl in order:
+                runs[impl].append(timed(fns[impl][0], jax.random.fold_in(key, r + 1)))
+                log(f"[{n} agents] {impl}: run {r} {runs[impl][-1]:.3f}s")
+        for impl in impls:
+            run_s = statistics.median(runs[impl])
+            frames = fns[impl][1] * n
+            results.setdefault(impl, {})[str(n)] = {
+                "compile_s": round(max(first[impl] - run_s, 0.0), 2),
+                "run_s": round(run_s, 4),
+                "frames_per_s": round(frames / run_s),
+                "frames_per_run": frames,
+                "runs_s": [round(t, 4) for t in runs[impl]],
+            }
+        if "metarl" in results and "reference" in results:
+            ratios[str(n)] = round(results["metarl"][str(n)]["frames_per_s"]
+                                   / results["reference"][str(n)]["frames_per_s"], 3)
+
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        affinity = None
+    print(json.dumps({
+        "benchmark": "ppo_cartpole_throughput",
+        "config": {"env": "CartPole-v1", "num_envs": 4, "num_steps": 128, "update_epochs": 4,
+                   "num_minibatches": 4, "hidden": [64, 64], "total_timesteps": total},
+        "repeats": args.repeats,
+        "results": results,
+        "ratio_metarl_over_reference": ratios,
+        "jax": jax.__version__,
+        "jaxlib": getattr(jax.lib, "__version__", None) or __import__("jaxlib").__version__,
+        "backend": jax.default_backend(),
+        "device_count": jax.device_count(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": affinity,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }))
+
+
+if __name__ == "__main__":
+    main()
