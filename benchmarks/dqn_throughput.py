@@ -30,7 +30,7 @@ def main() -> None:
     args = parser.parse_args()
 
     config = DQNConfig(
-        env_name="CartPole-v1", total_steps=args.steps, num_envs=1, buffer_size=512, batch_size=32,
+        env="CartPole-v1", total_timesteps=args.steps, num_envs=1, buffer_size=512, batch_size=32,
         hidden=(64, 64, 64), learning_starts=0, target_update_period=10, tau=1.0,
         epsilon_schedule="inverse", epsilon_start=0.3, epsilon_end=0.0, epsilon_decay_rate=1e-3,
         learning_rate=1e-3, gamma=0.9, loss="mse", log_interval=args.steps // 10, unroll=args.unroll,

@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
 
     config = QLearningConfig(
-        total_steps=args.steps, log_interval=args.log_interval, unroll=args.unroll,
+        total_timesteps=args.steps, log_interval=args.log_interval, unroll=args.unroll,
         alpha=0.1, gamma=0.9, epsilon=0.1,
     )
     train = make_train(config)

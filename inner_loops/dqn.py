@@ -16,7 +16,7 @@ Usage::
     import jax
     from inner_loops.dqn import DQNConfig, make_train
 
-    config = DQNConfig(env_name="CartPole-v1", total_steps=50_000)
+    config = DQNConfig(env="CartPole-v1", total_timesteps=50_000)
     params, metrics = jax.jit(make_train(config))(jax.random.key(0))
     metrics["episode_return"]          # (num_logs,) mean return of episodes ended in each interval
     # vmap over seeds and learning rates; float hyperparameters are pytree leaves: one compilation
@@ -63,9 +63,9 @@ def _is_concrete(x: Any) -> bool:
 @struct.dataclass
 class DQNConfig:
     # Static: they set shapes, loop lengths or code paths.
-    env_name: str = _static("CartPole-v1")
+    env: str = _static("CartPole-v1")
     env_kwargs: tuple = _static(())  # ((name, value), ...), passed to envs.make; hashable on purpose
-    total_steps: int = _static(100_000)  # environment steps, summed over the parallel envs
+    total_timesteps: int = _static(100_000)  # environment steps, summed over the parallel envs
     num_envs: int = _static(1)
     buffer_size: int = _static(10_000)
     batch_size: int = _static(64)
@@ -83,7 +83,7 @@ class DQNConfig:
     tau: float = 1.0
     epsilon_start: float = 1.0
     epsilon_end: float = 0.05
-    epsilon_fraction: float = 0.2  # linear: share of total_steps over which epsilon decays
+    epsilon_fraction: float = 0.2  # linear: share of total_timesteps over which epsilon decays
     epsilon_decay_rate: float = 1e-3  # inverse: epsilon_start / (1 + rate * env_steps)
     adam_eps: float = 1e-8
 
@@ -93,17 +93,17 @@ class DQNConfig:
 
     @property
     def num_logs(self) -> int:
-        return self.total_steps // self.log_interval
+        return self.total_timesteps // self.log_interval
 
     def validate(self) -> "DQNConfig":
-        envs.check_name(self.env_name, "env_name")
+        envs.check_name(self.env, "env")
         if self.epsilon_schedule not in EPSILON_SCHEDULES:
             raise ValueError(
                 f"epsilon_schedule: unknown {self.epsilon_schedule!r}; allowed: {', '.join(EPSILON_SCHEDULES)}"
             )
         if self.loss not in LOSSES:
             raise ValueError(f"loss: unknown {self.loss!r}; allowed: {', '.join(LOSSES)}")
-        for name in ("total_steps", "num_envs", "buffer_size", "batch_size", "target_update_period",
+        for name in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "target_update_period",
                      "log_interval", "unroll"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -116,9 +116,9 @@ class DQNConfig:
             raise ValueError(
                 f"log_interval: {self.log_interval} is not a multiple of num_envs={self.num_envs}; allowed: k * num_envs"
             )
-        if self.total_steps % self.log_interval:
+        if self.total_timesteps % self.log_interval:
             raise ValueError(
-                f"total_steps: {self.total_steps} is not a multiple of log_interval={self.log_interval}; "
+                f"total_timesteps: {self.total_timesteps} is not a multiple of log_interval={self.log_interval}; "
                 "allowed: k * log_interval"
             )
         if self.buffer_size < self.num_envs:
@@ -172,7 +172,7 @@ class Carry(NamedTuple):
 def epsilon_at(config: DQNConfig, env_steps: jax.Array) -> jax.Array:
     env_steps = env_steps.astype(jnp.float32)
     if config.epsilon_schedule == "linear":
-        horizon = jnp.maximum(config.epsilon_fraction * config.total_steps, 1.0)
+        horizon = jnp.maximum(config.epsilon_fraction * config.total_timesteps, 1.0)
         frac = jnp.clip(env_steps / horizon, 0.0, 1.0)
         return config.epsilon_start + (config.epsilon_end - config.epsilon_start) * frac
     return jnp.maximum(config.epsilon_end, config.epsilon_start / (1.0 + config.epsilon_decay_rate * env_steps))
@@ -186,7 +186,7 @@ def make_train(config: DQNConfig):
     loop can evolve them directly.
     """
     config.validate()
-    env, env_params = envs.make(config.env_name, **dict(config.env_kwargs))
+    env, env_params = envs.make(config.env, **dict(config.env_kwargs))
     num_actions = env.action_space(env_params).n
     obs_shape = env.observation_space(env_params).shape
     obs_dim = 1
@@ -349,7 +349,7 @@ def make_train(config: DQNConfig):
 
 def greedy_action(config: DQNConfig, params: Any, obs: jax.Array) -> jax.Array:
     """Greedy actions of trained ``params`` for a batch of raw observations (any shape per obs)."""
-    env, env_params = envs.make(config.env_name, **dict(config.env_kwargs))
+    env, env_params = envs.make(config.env, **dict(config.env_kwargs))
     network = QNetwork(hidden=tuple(config.hidden), num_actions=env.action_space(env_params).n)
     flat = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
     return jnp.argmax(network.apply(params, flat), axis=-1)

@@ -17,7 +17,7 @@ Usage::
     import jax
     from inner_loops.q_learning import QLearningConfig, make_train
 
-    config = QLearningConfig(total_steps=100_000, log_interval=10_000)
+    config = QLearningConfig(total_timesteps=100_000, log_interval=10_000)
     q_table, metrics = jax.jit(make_train(config))(jax.random.key(0))    # q_table: (96, 4)
     # many agents in one call; float hyperparameters are pytree leaves, so this compiles once:
     alphas = jax.numpy.array([0.05, 0.1, 0.2])
@@ -50,10 +50,10 @@ def _is_concrete(x: Any) -> bool:
 @struct.dataclass
 class QLearningConfig:
     # Static: they set shapes, loop lengths or code paths.
-    env_name: str = _static("GridWorld")
+    env: str = _static("GridWorld")
     env_kwargs: tuple = _static(())  # ((name, value), ...), passed to envs.make; hashable on purpose
     algorithm: str = _static("q_learning")
-    total_steps: int = _static(1_000_000)
+    total_timesteps: int = _static(1_000_000)
     log_interval: int = _static(10_000)  # steps per metrics row; random numbers are drawn per interval
     unroll: int = _static(16)  # steps per compiled loop iteration
     # Leaves.
@@ -64,19 +64,19 @@ class QLearningConfig:
 
     @property
     def num_logs(self) -> int:
-        return self.total_steps // self.log_interval
+        return self.total_timesteps // self.log_interval
 
     def validate(self) -> "QLearningConfig":
-        envs.check_name(self.env_name, "env_name")
+        envs.check_name(self.env, "env")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm: unknown {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
-        for name in ("total_steps", "log_interval", "unroll"):
+        for name in ("total_timesteps", "log_interval", "unroll"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: {value!r} must be a positive integer; allowed: >= 1")
-        if self.total_steps % self.log_interval:
+        if self.total_timesteps % self.log_interval:
             raise ValueError(
-                f"total_steps: {self.total_steps} is not a multiple of log_interval={self.log_interval}; "
+                f"total_timesteps: {self.total_timesteps} is not a multiple of log_interval={self.log_interval}; "
                 "allowed: k * log_interval"
             )
         for name, low, high in (("alpha", 0.0, 1.0), ("gamma", 0.0, 1.0), ("epsilon", 0.0, 1.0)):
@@ -139,9 +139,9 @@ def make_train(config: QLearningConfig):
     replace the config's values, so an outer loop can evolve them directly.
     """
     config.validate()
-    env, env_params = envs.make(config.env_name, **dict(config.env_kwargs))
+    env, env_params = envs.make(config.env, **dict(config.env_kwargs))
     if not hasattr(env, "state_from_index"):
-        raise ValueError(f"env_name: {config.env_name!r} has no tabular interface; allowed: GridWorld, Doors")
+        raise ValueError(f"env: {config.env!r} has no tabular interface; allowed: GridWorld, Doors")
     num_states, num_actions = env.num_states(env_params), env.num_actions
     max_steps = int(env_params.max_steps_in_episode)
     # Paying for an episode clock only when the env has a time limit keeps the reference task lean.
@@ -239,7 +239,7 @@ def greedy_path(config: QLearningConfig, q_table: jax.Array, max_len: int = 1000
 
     Ties go to the lowest action; meant for inspection and tests, not for jit.
     """
-    env, env_params = envs.make(config.env_name, **dict(config.env_kwargs))
+    env, env_params = envs.make(config.env, **dict(config.env_kwargs))
     tables = build_tables(env, env_params)
     num_actions = env.num_actions
     state, path = int(tables.reset_state), []

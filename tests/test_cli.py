@@ -28,6 +28,19 @@ def test_tiny_run_writes_config_metrics_and_best(tmp_path):
     assert "gen    2/2" in proc.stdout and "frames/s" in proc.stdout and "left" in proc.stdout
 
 
+DQN_TINY = ["es.popsize=4", "fitness.num_seeds=1", "inner.total_timesteps=256", "inner.log_interval=64",
+            "inner.learning_starts=32", "inner.buffer_size=64", "inner.batch_size=8", "inner.hidden=[8]",
+            "checkpoint.every=1"]
+
+
+@pytest.mark.timeout(600)
+def test_dqn_hyperparams_experiment_runs(tmp_path):
+    run_dir = tmp_path / "run"
+    evolve(["experiment=dqn_hyperparams", *DQN_TINY, "es.generations=2", f"run_dir={run_dir}"], cwd=tmp_path,
+           check=True)
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("experiment", ["policy_objective", "hyperparams"])
 def test_other_experiments_run(tmp_path, experiment):

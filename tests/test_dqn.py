@@ -8,17 +8,17 @@ import pytest
 
 from inner_loops.dqn import DQNConfig, epsilon_at, greedy_action, make_train
 
-TINY = dict(total_steps=400, log_interval=200, buffer_size=128, batch_size=8, hidden=(16,), learning_starts=50,
+TINY = dict(total_timesteps=400, log_interval=200, buffer_size=128, batch_size=8, hidden=(16,), learning_starts=50,
             target_update_period=10, unroll=1)
 
 
 @pytest.mark.parametrize(
     "change, field",
     [
-        ({"total_steps": 0}, "total_steps"),
-        ({"total_steps": 1500, "log_interval": 1000}, "total_steps"),
-        ({"num_envs": 3, "log_interval": 1000, "total_steps": 3000}, "log_interval"),
-        ({"env_name": "NoSuchEnv"}, "env_name"),
+        ({"total_timesteps": 0}, "total_timesteps"),
+        ({"total_timesteps": 1500, "log_interval": 1000}, "total_timesteps"),
+        ({"num_envs": 3, "log_interval": 1000, "total_timesteps": 3000}, "log_interval"),
+        ({"env": "NoSuchEnv"}, "env"),
         ({"epsilon_schedule": "cosine"}, "epsilon_schedule"),
         ({"loss": "l1"}, "loss"),
         ({"gamma": 1.5}, "gamma"),
@@ -37,7 +37,7 @@ def test_validate_skips_traced_values():
 
 
 def test_epsilon_schedules():
-    linear = DQNConfig(total_steps=1000, log_interval=100, epsilon_start=1.0, epsilon_end=0.1, epsilon_fraction=0.5)
+    linear = DQNConfig(total_timesteps=1000, log_interval=100, epsilon_start=1.0, epsilon_end=0.1, epsilon_fraction=0.5)
     assert float(epsilon_at(linear, jnp.int32(0))) == pytest.approx(1.0)
     assert float(epsilon_at(linear, jnp.int32(250))) == pytest.approx(0.55)
     assert float(epsilon_at(linear, jnp.int32(900))) == pytest.approx(0.1)
@@ -46,14 +46,14 @@ def test_epsilon_schedules():
 
 
 @pytest.mark.parametrize(
-    "env_name, extra",
+    "env, extra",
     [
         ("CartPole-v1", {"double_dqn": True, "loss": "huber", "num_envs": 2, "tau": 0.5}),
         ("Doors", {"epsilon_schedule": "inverse", "env_kwargs": (("max_steps_in_episode", 30),)}),
     ],
 )
-def test_smoke_runs_and_shapes(env_name, extra):
-    config = DQNConfig(env_name=env_name, **{**TINY, **extra})
+def test_smoke_runs_and_shapes(env, extra):
+    config = DQNConfig(env=env, **{**TINY, **extra})
     params, metrics = jax.jit(make_train(config))(jax.random.key(0))
     assert set(metrics) >= {"episode_return", "episodes", "loss", "epsilon"}
     for value in metrics.values():
@@ -62,7 +62,7 @@ def test_smoke_runs_and_shapes(env_name, extra):
     assert float(metrics["loss"][-1]) > 0.0  # updates ran after learning_starts
     leaves = jax.tree.leaves(params)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in leaves)
-    obs = jnp.zeros((3, *((4,) if env_name == "CartPole-v1" else (15, 15, 4))))
+    obs = jnp.zeros((3, *((4,) if env == "CartPole-v1" else (15, 15, 4))))
     assert greedy_action(config, params, obs).shape == (3,)
 
 
@@ -87,7 +87,7 @@ def test_vmap_over_seeds_and_learning_rates_compiles_once_and_meta_params():
 
 def test_learns_cartpole_quickly():
     # Random play scores about 22; two seeds after 15k steps are far above that.
-    config = DQNConfig(total_steps=15_000, log_interval=5_000)
+    config = DQNConfig(total_timesteps=15_000, log_interval=5_000)
     _, metrics = jax.jit(jax.vmap(make_train(config)))(jax.random.split(jax.random.key(0), 2))
     final = float(metrics["episode_return"][:, -1].mean())
     assert final > 60.0, f"mean return {final:.1f} after 15k steps"
@@ -95,7 +95,7 @@ def test_learns_cartpole_quickly():
 
 @pytest.mark.slow
 def test_reaches_200_on_cartpole_over_four_seeds_within_1e5_steps():
-    config = DQNConfig(total_steps=100_000, log_interval=5_000)
+    config = DQNConfig(total_timesteps=100_000, log_interval=5_000)
     _, metrics = jax.jit(jax.vmap(make_train(config)))(jax.random.split(jax.random.key(0), 4))
     returns = np.asarray(metrics["episode_return"])  # (4 seeds, 20 intervals)
     print("per-seed final interval returns:", returns[:, -1].round(1), "mean curve:", returns.mean(0).round(0))

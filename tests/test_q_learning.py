@@ -14,7 +14,7 @@ START_VALUE = GAMMA**17 / (1 - GAMMA**18)  # 0.196: reward 1 every 18 steps, for
 
 
 def test_learns_shortest_path_and_start_value_on_8x12():
-    config = QLearningConfig(total_steps=1_000_000, log_interval=100_000, alpha=0.1, gamma=GAMMA, epsilon=0.1)
+    config = QLearningConfig(total_timesteps=1_000_000, log_interval=100_000, alpha=0.1, gamma=GAMMA, epsilon=0.1)
     q, metrics = jax.jit(jax.vmap(make_train(config)))(jax.random.split(jax.random.key(0), 4))
     assert q.shape == (4, 96, 4)
     assert metrics["episode_return"].shape == (4, 10) and metrics["episodes"].shape == (4, 10)
@@ -32,7 +32,7 @@ def test_learns_shortest_path_and_start_value_on_8x12():
 def test_expected_sarsa_and_episodic_variant_learn_the_path():
     config = QLearningConfig(
         env_kwargs=(("size", 5), ("continuing", False)), algorithm="expected_sarsa",
-        total_steps=50_000, log_interval=10_000,
+        total_timesteps=50_000, log_interval=10_000,
     )
     q, metrics = jax.jit(make_train(config))(jax.random.key(1))
     assert len(greedy_path(config, q)) == 8
@@ -44,7 +44,7 @@ def test_expected_sarsa_and_episodic_variant_learn_the_path():
 def test_ties_are_broken_uniformly():
     # Optimistic, equal initial values and no exploration: the first action from the start is a
     # tie among all four, and the one taken is the only entry the update lowers.
-    config = QLearningConfig(total_steps=1, log_interval=1, unroll=1, epsilon=0.0, q_init=1.0)
+    config = QLearningConfig(total_timesteps=1, log_interval=1, unroll=1, epsilon=0.0, q_init=1.0)
     n = 4000
     q, _ = jax.jit(jax.vmap(make_train(config)))(jax.random.split(jax.random.key(3), n))
     changed = np.asarray(q[:, 95] < 1.0)
@@ -55,7 +55,7 @@ def test_ties_are_broken_uniformly():
 
 
 def test_epsilon_one_explores_uniformly_even_when_values_differ():
-    config = QLearningConfig(total_steps=1, log_interval=1, unroll=1, epsilon=1.0, q_init=1.0)
+    config = QLearningConfig(total_timesteps=1, log_interval=1, unroll=1, epsilon=1.0, q_init=1.0)
     n = 2000
     q, _ = jax.jit(jax.vmap(make_train(config)))(jax.random.split(jax.random.key(4), n))
     counts = np.asarray(q[:, 95] < 1.0).sum(0)
@@ -64,7 +64,7 @@ def test_epsilon_one_explores_uniformly_even_when_values_differ():
 
 def test_vmap_over_seeds_and_alphas_compiles_once():
     traces = {"n": 0}
-    config = QLearningConfig(total_steps=2_000, log_interval=1_000, unroll=2)
+    config = QLearningConfig(total_timesteps=2_000, log_interval=1_000, unroll=2)
 
     def run(alpha, key):
         traces["n"] += 1
@@ -80,7 +80,7 @@ def test_vmap_over_seeds_and_alphas_compiles_once():
 
 
 def test_meta_params_override_float_hyperparameters():
-    config = QLearningConfig(total_steps=2_000, log_interval=1_000, unroll=2)
+    config = QLearningConfig(total_timesteps=2_000, log_interval=1_000, unroll=2)
     train = jax.jit(make_train(config))
     key = jax.random.key(0)
     q_meta, _ = train(key, {"alpha": jnp.float32(0.5)})
@@ -93,9 +93,9 @@ def test_meta_params_override_float_hyperparameters():
 @pytest.mark.parametrize(
     "change, field",
     [
-        ({"total_steps": 0}, "total_steps"),
-        ({"total_steps": 1500, "log_interval": 1000}, "total_steps"),
-        ({"env_name": "NoSuchEnv"}, "env_name"),
+        ({"total_timesteps": 0}, "total_timesteps"),
+        ({"total_timesteps": 1500, "log_interval": 1000}, "total_timesteps"),
+        ({"env": "NoSuchEnv"}, "env"),
         ({"algorithm": "sarsa_lambda"}, "algorithm"),
         ({"epsilon": 1.5}, "epsilon"),
         ({"gamma": -0.1}, "gamma"),
@@ -126,7 +126,7 @@ def test_tables_follow_the_env_class():
 
 def test_doors_with_time_limit_runs_and_finds_the_goal():
     config = QLearningConfig(
-        env_name="Doors", env_kwargs=(("max_steps_in_episode", 100),), total_steps=200_000,
+        env="Doors", env_kwargs=(("max_steps_in_episode", 100),), total_timesteps=200_000,
         log_interval=20_000, gamma=0.95, alpha=0.5, epsilon=0.1, q_init=1.0,  # optimism explores
     )
     q, metrics = jax.jit(make_train(config))(jax.random.key(0))
