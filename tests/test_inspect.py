@@ -1,0 +1,108 @@
+"""`metarl.inspect` and `metarl.evaluate` on tiny real runs of the three experiments."""
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from clihelp import TINY, env_vars, start_evolve
+
+from metarl import evaluate, inspect
+
+# figure -> (width, height) in pixels (figsize x 100 dpi)
+EXPECTED = {
+    "value_loss": {"fitness.png": (700, 400), "value_loss.png": (1100, 420), "value_loss_target.png": (1100, 420)},
+    "policy_objective": {"fitness.png": (700, 400), "policy_objective.png": (1000, 800)},
+    "hyperparams": {"fitness.png": (700, 400), "hyperparams.png": (1280, 600)},  # 7 panels, 4 columns
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One tiny finished run per experiment, evolved side by side."""
+    root = tmp_path_factory.mktemp("runs")
+    base = [a for a in TINY if not a.startswith("component.")] + ["es.generations=2"]
+    extra = {"value_loss": ["component.hidden=[4]", "component.inputs=[error,target]"],
+             "policy_objective": ["component.hidden=[4]"], "hyperparams": []}
+    procs = {kind: start_evolve([f"experiment={kind}", *base, *args, f"run_dir={root / kind}"], cwd=root)
+             for kind, args in extra.items()}
+    for kind, proc in procs.items():
+        out, err = proc.communicate(timeout=400)
+        assert proc.returncode == 0, f"{kind}: exit {proc.returncode}\n{out}\n{err}"
+    return {kind: root / kind for kind in procs}
+
+
+def check_image(path: Path, size):
+    image = Image.open(path)
+    assert image.size == size, f"{path.name}: {image.size} != {size}"
+    pixels = np.asarray(image.convert("RGB"), dtype=float)
+    assert pixels.std() > 0
+    assert len(np.unique(pixels.reshape(-1, 3), axis=0)) > 1
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind", list(EXPECTED))
+def test_inspect_writes_every_figure(runs, kind, capsys):
+    assert inspect.main([str(runs[kind])]) == 0
+    printed = capsys.readouterr().out.split()
+    expected = {runs[kind] / inspect.FIGURES / name for name in EXPECTED[kind]}
+    assert {Path(p) for p in printed} == expected
+    for name, size in EXPECTED[kind].items():
+        check_image(runs[kind] / inspect.FIGURES / name, size)
+
+
+@pytest.mark.timeout(600)
+def test_inspect_on_a_copied_run(runs, tmp_path, capsys):
+    """Checkpoints restored from the copy, not from where the run was made (the original is moved away)."""
+    copy = tmp_path / "elsewhere" / "run"
+    shutil.copytree(runs["hyperparams"], copy, ignore=shutil.ignore_patterns(inspect.FIGURES))
+    original = runs["hyperparams"].with_name("hyperparams-moved")
+    runs["hyperparams"].rename(original)
+    try:
+        assert inspect.main([str(copy)]) == 0
+    finally:
+        original.rename(runs["hyperparams"])
+    printed = [Path(p) for p in capsys.readouterr().out.split()]
+    assert printed and all(p.parent == copy / inspect.FIGURES for p in printed)
+    for name, size in EXPECTED["hyperparams"].items():
+        check_image(copy / inspect.FIGURES / name, size)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("module", ["metarl.inspect", "metarl.evaluate"])
+def test_bad_run_dir_exits_2(tmp_path, module):
+    for arg in (str(tmp_path / "missing"), str(tmp_path)):
+        proc = subprocess.run([sys.executable, "-m", module, arg], capture_output=True, text=True,
+                              env=env_vars(), timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and str(tmp_path) in lines[0]
+
+
+@pytest.mark.timeout(600)
+def test_evaluate_prints_both_sides_and_the_tests(runs, capsys):
+    run = runs["value_loss"]
+    assert evaluate.main([str(run), "num_seeds=4", "total_timesteps=64"]) == 0
+    out = capsys.readouterr().out
+    assert "learned value_loss" in out and "baseline: L2 value loss" in out
+    assert "Welch's t =" in out and "Mann-Whitney U =" in out
+    report = json.loads((run / "evaluation.json").read_text())
+    assert set(report["sides"]) == {"learned value_loss", "baseline: L2 value loss (clipped)"}
+    for side in report["sides"].values():
+        assert side["n"] == 4 and len(side["final_returns"]) == 4
+        assert all(math.isfinite(v) for v in [side["mean"], side["std"], *side["ci95"]])
+        assert side["ci95"][0] <= side["mean"] <= side["ci95"][1]
+    test = report["test"]
+    assert all(math.isfinite(test[k]) for k in ("welch_t", "welch_p", "mannwhitney_u", "mannwhitney_p"))
+    check_image(run / inspect.FIGURES / "evaluation.png", (700, 400))
+
+
+def test_eval_keys_avoid_the_runs_root():
+    root, keys = evaluate.eval_keys(evaluate.EVAL_ROOT, 3)
+    assert root != evaluate.EVAL_ROOT and keys.shape == (3,)
+    assert evaluate.eval_keys(0, 3)[0] == evaluate.EVAL_ROOT
