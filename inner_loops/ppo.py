@@ -247,7 +247,21 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
         return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
 
     v_reset = jax.vmap(env.reset, in_axes=(0, None))
-    v_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    # The rollout calls the environment's own step_env/reset_env rather than env.step: env.step draws
+    # two random streams per step (a split, then the reset state) inside the scan, while here every
+    # reset state of the rollout is drawn before the scan in one batched call, and the step only
+    # selects it where an episode ended (same auto-reset semantics as gymnax's env.step).
+    v_reset_block = jax.vmap(jax.vmap(env.reset_env, in_axes=(0, None)), in_axes=(0, None))
+
+    def step_auto_reset(key, state, action, reset_obs, reset_state, params):
+        obs_st, state_st, reward, term, _ = env.step_env(key, state, action, params)
+        trunc = env.is_truncated(state_st, params)
+        done = jnp.logical_or(term, trunc)
+        state = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_state, state_st)
+        obs = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_obs, obs_st)
+        return obs, state, reward, term, trunc, obs_st
+
+    v_step = jax.vmap(step_auto_reset, in_axes=(0, 0, 0, 0, 0, None))
 
     def train(key, meta_params=None):
         k_init, k_reset, k_run = jax.random.split(key, 3)
@@ -271,17 +285,18 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
 
         def update(carry, key):
             params, opt_state, env_state, obs, ep_return, last_mean = carry
-            k_act, k_env, k_perm = jax.random.split(key, 3)
+            k_act, k_env, k_perm, k_reset = jax.random.split(key, 4)
             # Every random number of the rollout in two draws, not two per step.
             if continuous:
                 noise = jax.random.normal(k_act, (n_steps, n_envs, action_dim))
             else:
                 noise = jax.random.gumbel(k_act, (n_steps, n_envs, action_dim))
             env_keys = jax.random.split(k_env, (n_steps, n_envs))
+            resets = v_reset_block(jax.random.split(k_reset, (n_steps, n_envs)), env_params)
 
             def env_step(c, xs):
                 env_state, obs, ep_return = c
-                eps, keys = xs
+                eps, keys, (reset_obs, reset_state) = xs
                 fobs = flat(obs)
                 (pi_out, log_std), value = network.apply(params, fobs)
                 if continuous:
@@ -292,19 +307,19 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                     action = jnp.argmax(pi_out + eps, axis=-1)
                     log_prob = categorical_log_prob(pi_out, action)
                     env_action = action
-                next_obs, env_state, reward, term, trunc, info = v_step(keys, env_state, env_action,
-                                                                       env_params)
+                next_obs, env_state, reward, term, trunc, final_obs = v_step(
+                    keys, env_state, env_action, reset_obs, reset_state, env_params)
                 reward = reward.astype(jnp.float32)
                 done = jnp.logical_or(term, trunc)
                 ep_return = ep_return + reward
                 finished = jnp.where(done, ep_return, 0.0)
                 ep_return = jnp.where(done, 0.0, ep_return)
                 out = (fobs, action, log_prob, value, reward, done, trunc & ~term,
-                       flat(info["final_observation"]), finished)
+                       flat(final_obs), finished)
                 return (env_state, next_obs, ep_return), out
 
             (env_state, obs, ep_return), traj = jax.lax.scan(
-                env_step, (env_state, obs, ep_return), (noise, env_keys), unroll=config.rollout_unroll)
+                env_step, (env_state, obs, ep_return), (noise, env_keys, resets), unroll=config.rollout_unroll)
             t_obs, t_action, t_logp, t_value, t_reward, t_done, t_trunc, t_final, t_finished = traj
 
             # On a time-limit cut the episode goes on in principle: bootstrap from the value of the
