@@ -36,6 +36,8 @@ from flax import struct
 from jax.flatten_util import ravel_pytree
 
 from inner_loops import envs
+from inner_loops.config_checks import check_range as _check_range
+from inner_loops.config_checks import static as _static
 
 EPSILON_SCHEDULES = ("linear", "inverse")
 LOSSES = ("mse", "huber")
@@ -50,14 +52,6 @@ FLOAT_FIELDS = (
     "epsilon_decay_rate",
     "adam_eps",
 )
-
-
-def _static(default: Any) -> Any:
-    return struct.field(pytree_node=False, default=default)
-
-
-def _is_concrete(x: Any) -> bool:
-    return not isinstance(x, jax.core.Tracer)
 
 
 @struct.dataclass
@@ -124,13 +118,9 @@ class DQNConfig:
         if self.buffer_size < self.num_envs:
             raise ValueError(f"buffer_size: {self.buffer_size} is smaller than num_envs={self.num_envs}; allowed: >= num_envs")
         for name in ("gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_fraction"):
-            value = getattr(self, name)
-            if _is_concrete(value) and not 0.0 <= float(value) <= 1.0:
-                raise ValueError(f"{name}: {float(value)} is outside [0, 1]; allowed: 0 <= {name} <= 1")
+            _check_range(name, getattr(self, name), low=0.0, high=1.0)
         for name in ("learning_rate", "epsilon_decay_rate", "adam_eps"):
-            value = getattr(self, name)
-            if _is_concrete(value) and not float(value) >= 0.0:
-                raise ValueError(f"{name}: {float(value)} is negative; allowed: >= 0")
+            _check_range(name, getattr(self, name), low=0.0)
         return self
 
 

@@ -33,6 +33,9 @@ from flax import struct
 from gymnax.environments import spaces
 
 from inner_loops import envs as envs_lib
+from inner_loops.config_checks import check_positive_int as _check_positive_int
+from inner_loops.config_checks import check_range as _check_range
+from inner_loops.config_checks import static as _static
 from inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, Component
 from inner_loops.networks import (
     ACTIVATIONS,
@@ -42,10 +45,6 @@ from inner_loops.networks import (
     gaussian_entropy,
     gaussian_log_prob,
 )
-
-
-def _static(default):
-    return struct.field(pytree_node=False, default=default)
 
 
 @struct.dataclass
@@ -122,31 +121,6 @@ class PPOConfig:
 
 
 HYPERPARAMETERS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
-
-
-def _concrete(x):
-    """The Python float of ``x``, or None when ``x`` is traced (then it cannot be checked)."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    arr = np.asarray(x)
-    return float(arr) if arr.ndim == 0 else None
-
-
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name}: {value!r}; allowed: a positive integer")
-
-
-def _check_range(name, value, low=None, high=None, low_open=False):
-    v = _concrete(value)
-    if v is None:
-        return
-    too_low = low is not None and (v <= low if low_open else v < low)
-    too_high = high is not None and v > high
-    if too_low or too_high or not np.isfinite(v):
-        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
-        hi = "" if high is None else f"<= {high}"
-        raise ValueError(f"{name}: {v!r}; allowed: {' and '.join(s for s in (lo, hi) if s)}")
 
 
 # --- transitions and the maths ------------------------------------------------------------------

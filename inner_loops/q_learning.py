@@ -33,18 +33,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from inner_loops import envs
+from inner_loops.config_checks import check_range as _check_range
+from inner_loops.config_checks import static as _static
 
 ALGORITHMS = ("q_learning", "expected_sarsa")
 # Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
 FLOAT_FIELDS = ("alpha", "gamma", "epsilon", "q_init")
-
-
-def _static(default: Any) -> Any:
-    return struct.field(pytree_node=False, default=default)
-
-
-def _is_concrete(x: Any) -> bool:
-    return not isinstance(x, jax.core.Tracer)
 
 
 @struct.dataclass
@@ -79,12 +73,9 @@ class QLearningConfig:
                 f"total_timesteps: {self.total_timesteps} is not a multiple of log_interval={self.log_interval}; "
                 "allowed: k * log_interval"
             )
-        for name, low, high in (("alpha", 0.0, 1.0), ("gamma", 0.0, 1.0), ("epsilon", 0.0, 1.0)):
-            value = getattr(self, name)
-            if _is_concrete(value) and not low <= float(value) <= high:
-                raise ValueError(f"{name}: {float(value)} is outside [{low}, {high}]; allowed: {low} <= {name} <= {high}")
-        if _is_concrete(self.alpha) and float(self.alpha) == 0.0:
-            raise ValueError("alpha: 0 never learns; allowed: 0 < alpha <= 1")
+        _check_range("alpha", self.alpha, low=0.0, high=1.0, low_open=True)  # alpha 0 never learns
+        _check_range("gamma", self.gamma, low=0.0, high=1.0)
+        _check_range("epsilon", self.epsilon, low=0.0, high=1.0)
         return self
 
 
