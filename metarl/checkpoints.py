@@ -27,9 +27,15 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read; the message names the directory."""
 
 
-def _manager(run_dir: Path, keep: int = 3) -> ocp.CheckpointManager:
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, cleanup_tmp_directories=True,
-                                           enable_async_checkpointing=False, create=True)
+def _manager(run_dir: Path, keep: int = 3, write: bool = True) -> ocp.CheckpointManager:
+    # Each process runs its own manager over host copies of the (replicated) state: only process 0
+    # saves, and Orbax's cross-process barriers would wait forever for processes that never save.
+    me = jax.process_index()
+    if write:
+        (run_dir / CKPT_DIR).mkdir(parents=True, exist_ok=True)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, cleanup_tmp_directories=write, enable_async_checkpointing=False, create=False,
+        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
     return ocp.CheckpointManager(os.path.abspath(run_dir / CKPT_DIR), options=options)
 
 
@@ -44,12 +50,30 @@ def _clean_incomplete(ckpt_dir: Path) -> list[str]:
     return removed
 
 
+def _is_key(x) -> bool:
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _to_host(x, copy: bool = True):
+    if _is_key(x):
+        x = jax.random.key_data(x)
+    if not copy:
+        return jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return np.asarray(jax.device_get(x))
+
+
+def _from_host(value, template):
+    if _is_key(template):
+        return jax.random.wrap_key_data(value, impl=jax.random.key_impl(template))
+    return value
+
+
 class Checkpointer:
     def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
         self.run_dir = Path(run_dir)
         self.write = write  # only process 0 writes in a multi-process run
         self.removed_incomplete = _clean_incomplete(self.run_dir / CKPT_DIR) if write else []
-        self.manager = _manager(self.run_dir, keep)
+        self.manager = _manager(self.run_dir, keep, write)
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -57,7 +81,9 @@ class Checkpointer:
     def save(self, generation: int, state: Any, history: list[dict], config: dict) -> None:
         if not self.write:
             return
-        state = jax.device_get(state)
+        # Host NumPy only, PRNG keys as their raw data: in a multi-process run Orbax refuses host-local
+        # jax.Arrays, and a global one makes it expect every process to write.
+        state = jax.tree.map(_to_host, state)
         meta = {"generation": generation, "history": history, "config": config}
         if generation in self.manager.all_steps():  # a resumed run reaching the same step again
             return
@@ -69,14 +95,16 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint to restore")
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, template_state)
+        abstract = jax.tree.map(lambda x: np.zeros(np.shape(_to_host(x, False)), _to_host(x, False).dtype),
+                                template_state)
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+            state = jax.tree.map(_from_host, restored["state"], template_state)
         except Exception as err:  # Orbax raises many types for unreadable data
             raise CheckpointError(f"{self.run_dir / CKPT_DIR / str(step)}: checkpoint unreadable "
                                   f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
-        return restored["state"], restored["meta"]
+        return state, restored["meta"]
 
     def read_meta(self, step: Optional[int] = None) -> dict:
         """The JSON part only (history and config): enough for plots, no template needed."""

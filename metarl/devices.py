@@ -1,14 +1,22 @@
-"""Devices: a mesh over every device for the population axis, and multi-process start-up."""
+"""Devices: a mesh over every device for the population axis, and multi-process start-up.
+
+One process drives every local device (several GPUs, or forced CPU devices); several processes
+(one per CPU core, or one per host) join through ``jax.distributed`` and the mesh then spans every
+device of every process. The evolution state is one global, fully replicated array: each process
+runs the same ask/tell on it, and the population's members are split over the devices.
+"""
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 
 def population_mesh(popsize: int):
-    """A 1-D mesh named ``pop`` over every device, or None with a single device.
+    """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device.
 
     The population must divide over the devices: an uneven split would need padding members whose
     results are dropped, which costs compute for nothing; we refuse it at start-up instead.
@@ -16,17 +24,36 @@ def population_mesh(popsize: int):
     n = jax.device_count()
     if n == 1:
         return None
-    if popsize % n:
-        raise ValueError(f"es.popsize: {popsize} does not divide over {n} devices; "
-                         f"allowed: a multiple of {n}")
+    check_divides(popsize, n)
     return jax.make_mesh((n,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
+def check_divides(popsize: int, n_devices: int) -> None:
+    if popsize % n_devices:
+        lower = popsize - popsize % n_devices
+        raise ValueError(f"es.popsize: {popsize} does not divide over {n_devices} devices; allowed: a "
+                         f"multiple of {n_devices} (such as {lower or n_devices} or {lower + n_devices})")
+
+
+def _global_leaf(x, sharding):
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(x)
+        return jax.random.wrap_key_data(_global_leaf(jax.random.key_data(x), sharding), impl=impl)
+    value = np.asarray(jax.device_get(x))
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
 def replicate(tree: Any, mesh: Optional[Any]) -> Any:
-    """Place a host pytree on every device of ``mesh`` (fully replicated), or leave it to jit."""
+    """Place a host pytree on every device of ``mesh`` as global, fully replicated arrays.
+
+    In a multi-process run a jitted call over the global mesh accepts only global arrays; each
+    process builds its own shards from its (identical) host copy, so nothing crosses processes.
+    Without a mesh the tree is left to jit.
+    """
     if mesh is None:
         return tree
-    return jax.device_put(tree, NamedSharding(mesh, P()))
+    sharding = NamedSharding(mesh, P())
+    return jax.tree.map(lambda x: _global_leaf(x, sharding), tree)
 
 
 def enable_compilation_cache() -> None:
@@ -35,8 +62,6 @@ def enable_compilation_cache() -> None:
     ``JAX_COMPILATION_CACHE_DIR`` chooses the directory (default ``~/.cache/metarl/jax``);
     ``METARL_COMPILATION_CACHE=0`` turns it off.
     """
-    import os
-
     if os.environ.get("METARL_COMPILATION_CACHE", "1") == "0":
         return
     path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.expanduser("~/.cache/metarl/jax")
@@ -44,16 +69,96 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+def _env_int(*names: str) -> Optional[int]:
+    for name in names:
+        if os.environ.get(name, "").strip():
+            return int(os.environ[name])
+    return None
+
+
+def distributed_settings(devices_cfg) -> tuple[int, Optional[str], Optional[int]]:
+    """``(num_processes, coordinator_address, process_id)`` from the config, else the environment.
+
+    The config wins; then ``METARL_NUM_PROCESSES`` / ``METARL_COORDINATOR`` / ``METARL_PROCESS_ID``
+    (set by ``metarl.launch`` or by hand on each host); then SLURM's ``SLURM_NTASKS`` / ``SLURM_PROCID``.
+    """
+    num = devices_cfg.num_processes if devices_cfg.num_processes > 1 else None
+    num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS") or 1
+    coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR") or None
+    process_id = devices_cfg.process_id
+    if process_id is None:
+        process_id = _env_int("METARL_PROCESS_ID", "SLURM_PROCID")
+    return num, coordinator, process_id
+
+
+def needs_local_launch(devices_cfg) -> bool:
+    """Several processes asked for, but nothing says who this one is: start them all here."""
+    num, coordinator, process_id = distributed_settings(devices_cfg)
+    return num > 1 and coordinator is None and process_id is None
+
+
+def pin_cpus() -> None:
+    """Keep this process on the cores ``METARL_CPUS`` names (``"0"``, ``"2,3"``), before XLA starts its
+    thread pool (which sizes itself by the cores it may use)."""
+    cpus = os.environ.get("METARL_CPUS", "").strip()
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+
+
 def setup(devices_cfg) -> None:
     """Join a multi-process run when one is configured; a single process needs nothing."""
-    import os
-
+    pin_cpus()
     enable_compilation_cache()
+    num, coordinator, process_id = distributed_settings(devices_cfg)
+    if num <= 1:
+        return
+    if coordinator is None and "SLURM_JOB_ID" in os.environ:
+        jax.distributed.initialize()  # JAX reads the node list and task ids SLURM sets
+        return
+    if coordinator is None or process_id is None:
+        raise ValueError("devices.coordinator_address: a multi-process run needs the coordinator's host:port "
+                         "and this process's id (devices.process_id, or METARL_COORDINATOR and "
+                         "METARL_PROCESS_ID); allowed: both set, or neither to launch every process here")
+    if not 0 <= process_id < num:
+        raise ValueError(f"devices.process_id: {process_id}; allowed: 0 to {num - 1}")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=process_id,
+                               initialization_timeout=int(os.environ.get("METARL_INIT_TIMEOUT", "300")))
 
-    coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR")
-    if devices_cfg.num_processes > 1 and coordinator:
-        process_id = devices_cfg.process_id
-        if process_id is None:
-            process_id = int(os.environ.get("METARL_PROCESS_ID", "0"))
-        jax.distributed.initialize(coordinator_address=coordinator, num_processes=devices_cfg.num_processes,
-                                   process_id=process_id)
+
+# Cross-process agreement goes through the coordination service (no time limit we cannot set),
+# not through gloo collectives: gloo gives up after 30 s, shorter than a compilation on a busy core.
+def _client():
+    from jax._src import distributed
+
+    return distributed.global_state.client
+
+
+def barrier(name: str, timeout_s: float = 3600.0) -> None:
+    """Wait until every process gets here (e.g. all have compiled) before the first collective."""
+    if jax.process_count() > 1:
+        _client().wait_at_barrier(f"metarl/{name}", int(timeout_s * 1000))
+
+
+def agree(flag: int, name: str, timeout_s: float = 3600.0) -> int:
+    """The largest ``flag`` over all processes (e.g. a stop signal one of them received); ``name``
+    must be new for each call (e.g. the generation)."""
+    if jax.process_count() == 1:
+        return flag
+    client = _client()
+    client.key_value_set(f"metarl/{name}/{jax.process_index()}", str(int(flag)))
+    return max(int(client.blocking_key_value_get(f"metarl/{name}/{i}", int(timeout_s * 1000)))
+               for i in range(jax.process_count()))
+
+
+def assert_same_everywhere(tree: Any) -> None:
+    """Fail loudly if the processes' copies of a replicated state differ."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    def host(x):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(jax.device_get(x))
+
+    multihost_utils.assert_equal(jax.tree.map(host, tree), "the evolution state differs between processes")

@@ -136,16 +136,27 @@ def main(argv: list[str] | None = None) -> int:
         cfg, run_dir, resuming = resolve(argv)
         from metarl import devices
 
-        devices.setup(cfg.devices)  # before any JAX computation
+        local_launch = devices.needs_local_launch(cfg.devices)
+        if not local_launch:
+            devices.setup(cfg.devices)  # before any JAX computation
         from metarl.runner import Interrupted, es_config, run
         from metarl.tasks import build_task
 
         # Every remaining check, before compiling or writing anything.
         es_config(cfg).validate()
         build_task(cfg)
-        devices.population_mesh(cfg.es.popsize)
+        if local_launch:
+            num_processes = devices.distributed_settings(cfg.devices)[0]
+            devices.check_divides(cfg.es.popsize, num_processes)  # one CPU device per process
+        else:
+            devices.population_mesh(cfg.es.popsize)
     except (ConfigError, ValueError) as err:
         fail(str(err).splitlines()[0])
+    if local_launch:  # every process gets the same arguments and the same run directory
+        from metarl.launch import launch
+
+        resume_arg = any(a.startswith("resume=") for a in argv)
+        return launch(argv if resume_arg else [*argv, f"run_dir={run_dir}"], num_processes)
 
     import jax
 

@@ -77,9 +77,10 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto") -> dict:
     start = 0
     if ckpt.latest_step() is not None:
         state, meta = ckpt.restore(state)
-        state = devices.replicate(state, evo.mesh)
         start = int(meta["generation"])
         history = list(meta["history"])[:start]
+    # A global, fully replicated state on the mesh: what the compiled generation takes and returns.
+    state = devices.replicate(state, evo.mesh)
     if is_main:
         truncate_metrics(run_dir, start)
 
@@ -94,6 +95,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto") -> dict:
     t0 = time.perf_counter()
     step = evo.step.lower(state).compile()  # one compilation per run, timed on its own
     compile_s = time.perf_counter() - t0
+    devices.barrier("compiled")  # processes compile at different speeds; the first collective waits 30 s
     logger.message(f"compiled the generation in {compile_s:.1f} s; {frames_per_gen:,} frames per generation "
                    f"on {jax.device_count()} device(s)")
 
@@ -112,13 +114,17 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto") -> dict:
                 best_so_far = record["best_so_far"]
                 checkpoints.export_best(run_dir, state.best_params, _best_info(cfg, task, record))
             done = g + 1
+            # Processes receive a signal at different moments; all stop after the same generation.
+            stop.signum = devices.agree(stop.signum or 0, f"stop/{done}") or None
             if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or stop.signum:
+                devices.assert_same_everywhere(state)
                 ckpt.save(done, state, history, config_dict)
             if stop.signum:
                 ckpt.close()
                 logger.finish()
                 raise Interrupted(stop.signum, done)
     ckpt.close()
+    devices.barrier("finished")
     summary = {"generations": len(history), "compile_seconds": compile_s,
                "first_mean": history[0]["mean"] if history else None,
                "last_mean": history[-1]["mean"] if history else None,

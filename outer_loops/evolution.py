@@ -153,7 +153,12 @@ class Evolution:
                              f"allowed: a multiple of {mesh.size}")
         self.es, self.es_params = make_strategy(config, template)
         self.trace_count = 0  # generations traced; stays 1 however many run
-        self.step = jax.jit(self._step, donate_argnums=())
+        # With a mesh the state stays one fully replicated global array (every process holds the same
+        # copy, also in a multi-process run): only the members' evaluation is split over the devices.
+        replicated = None
+        if mesh is not None and mesh.size > 1:
+            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self.step = jax.jit(self._step, donate_argnums=(), out_shardings=replicated)
         self.init = jax.jit(self._init)
 
     # -- evaluation ------------------------------------------------------------------------------

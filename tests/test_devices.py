@@ -1,0 +1,119 @@
+"""The population split over devices and over processes gives the run a single device gives.
+
+Every run is a real CLI subprocess at tiny sizes under a timeout: a multi-device or multi-process
+hang fails the test instead of the session.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from clihelp import TINY, env_vars
+
+GENS = 3
+ARGS = ["experiment=value_loss", *TINY, f"es.generations={GENS}", "logger.progress=false"]
+FORCE2 = "--xla_force_host_platform_device_count=2"
+
+
+def evolve(args, cwd, extra_env=None, timeout=240):
+    env = env_vars()
+    env.update(extra_env or {})
+    env["METARL_INIT_TIMEOUT"] = "120"  # a process that never joins fails the run instead of hanging it
+    return subprocess.run([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def records(run_dir):
+    out = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        r.pop("seconds"), r.pop("fps")
+        out.append(r)
+    return out
+
+
+def es_mean(run_dir):
+    from metarl import checkpoints
+    from metarl.results import load_config
+    from metarl.runner import build_evolution
+
+    _, evo = build_evolution(load_config(run_dir), mesh=None)
+    ckpt = checkpoints.Checkpointer(run_dir, write=False)
+    state, meta = ckpt.restore(evo.init(jax.random.key(0)))
+    ckpt.close()
+    return meta["generation"], jax.tree.leaves(state.es_state.mean)
+
+
+def assert_same_run(a, b):
+    ra, rb = records(a), records(b)
+    assert len(ra) == len(rb) == GENS
+    for x, y in zip(ra, rb):
+        assert x["generation"] == y["generation"]
+        np.testing.assert_allclose(x["fitness"], y["fitness"], rtol=1e-5)
+        np.testing.assert_allclose(x["mean"], y["mean"], rtol=1e-5)
+    (ga, ma), (gb, mb) = es_mean(a), es_mean(b)
+    assert ga == gb == GENS
+    # At these sizes every member ties, the ES gradient is summation noise (~1e-9) and Adam scales it
+    # up to ~1e-7; an atol far below the search width (std 0.03) still catches a wrong split.
+    for x, y in zip(ma, mb):
+        np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("one") / "run"
+    ok(evolve([*ARGS, f"run_dir={run_dir}"], cwd=run_dir.parent))
+    return run_dir
+
+
+@pytest.mark.timeout(300)
+def test_two_forced_cpu_devices_match_one_device(tmp_path, one_device):
+    proc = ok(evolve([*ARGS, f"run_dir={tmp_path / 'run'}"], cwd=tmp_path,
+                     extra_env={"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " " + FORCE2}))
+    assert "on 2 device(s)" in proc.stdout + proc.stderr
+    assert_same_run(one_device, tmp_path / "run")
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_match_one_process_and_write_one_run_dir(tmp_path, one_device):
+    proc = ok(evolve([*ARGS, "devices.num_processes=2"], cwd=tmp_path))
+    assert "on 2 device(s)" in proc.stdout + proc.stderr
+    assert proc.stdout.count("run directory:") == 1 and proc.stdout.count("done:") == 1
+    runs = list((tmp_path / "checkpoints").iterdir())
+    assert len(runs) == 1, runs
+    assert len((runs[0] / "metrics.jsonl").read_text().splitlines()) == GENS
+    assert sorted(p.name for p in (runs[0] / "ckpt").iterdir()) == [str(g) for g in range(1, GENS + 1)]
+    assert_same_run(one_device, runs[0])
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_continue_a_one_process_checkpoint(tmp_path, one_device):
+    # Restored state placed on the two-process mesh: the run goes on exactly as the straight one.
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_device, run_dir)
+    shutil.rmtree(run_dir / "ckpt" / str(GENS))
+    ok(evolve([f"resume={run_dir}", "devices.num_processes=2"], cwd=tmp_path))
+    assert_same_run(one_device, run_dir)
+
+
+@pytest.mark.timeout(120)
+def test_population_that_does_not_divide_is_refused_at_start(tmp_path):
+    proc = evolve(["experiment=value_loss", *TINY, "es.popsize=6", "devices.num_processes=4"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: es.popsize: 6 does not divide over 4")
+    proc = evolve(["experiment=value_loss", *TINY, "es.popsize=6"], cwd=tmp_path,
+                  extra_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: es.popsize: 6 does not divide over 4")
+    assert not (tmp_path / "checkpoints").exists()
