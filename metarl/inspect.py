@@ -136,7 +136,16 @@ def search_trajectory(run_dir: Path, cfg, task):
     from jax.flatten_util import ravel_pytree
 
     from metarl.checkpoints import Checkpointer
+    from metarl.results import history
     from metarl.runner import build_evolution
+    from outer_loops.evolution import search_std
+
+    stack = lambda seq: {n: np.array([float(d[n]) for d in seq]) for n in task.component.names}
+    records = [r for r in history(run_dir) if "search" in r]
+    if records:  # runs log the decoded search distribution every generation
+        gens = [r["generation"] + 1 for r in records]
+        return (gens, stack([r["search"]["mean"] for r in records]), stack([r["search"]["low"] for r in records]),
+                stack([r["search"]["high"] for r in records]))
 
     _, evo = build_evolution(cfg, task=task, mesh=None)
     init_state = evo.init(jax.random.key(cfg.seed))
@@ -152,7 +161,7 @@ def search_trajectory(run_dir: Path, cfg, task):
     for step, state in states:
         es_state = state.es_state
         flat_mean, _ = ravel_pytree(evo.es.get_mean(es_state))
-        std = _search_std(es_state, flat_mean.shape)
+        std = search_std(es_state, flat_mean.shape) if hasattr(es_state, "std") else None
         gens.append(step)
         means.append(task.component.decode(unravel(flat_mean)))
         if std is None:
@@ -160,23 +169,7 @@ def search_trajectory(run_dir: Path, cfg, task):
         else:
             lows.append(task.component.decode(unravel(flat_mean - std)))
             highs.append(task.component.decode(unravel(flat_mean + std)))
-    stack = lambda seq: {n: np.array([float(d[n]) for d in seq]) for n in task.component.names}
     return gens, stack(means), (stack(lows) if with_std else None), (stack(highs) if with_std else None)
-
-
-def _search_std(es_state, shape):
-    """Per-dimension search std: ``std`` (scalar or per dimension), times sqrt(diag C) where the
-    strategy adapts a covariance (Sep-CMA-ES keeps the diagonal C, CMA-ES the full matrix)."""
-    import jax.numpy as jnp
-
-    if not hasattr(es_state, "std"):
-        return None
-    std = jnp.broadcast_to(jnp.asarray(es_state.std, jnp.float32), shape)
-    c = getattr(es_state, "C", None)
-    if c is not None:
-        c = jnp.asarray(c)
-        std = std * jnp.sqrt(jnp.diag(c) if c.ndim == 2 else c)
-    return std
 
 
 def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path) -> list[Path]:
@@ -190,8 +183,7 @@ def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path) -> list[P
     best_gen = info.get("generation") if info else None
     try:
         gens, means, lows, highs = search_trajectory(run_dir, cfg, task)
-        note = (f"search mean per kept checkpoint (generation 0 = the configured start; checkpoint.every="
-                f"{cfg.checkpoint.every}, keep={cfg.checkpoint.keep}); star: exported best")
+        note = "search mean and mean -+ std (per generation; per kept checkpoint for older runs); star: exported best"
     except (CheckpointError, ValueError, KeyError, TypeError) as err:
         if best_values is None:
             print(f"note: no readable checkpoint and no exported best in {run_dir}; no hyperparameter plot "

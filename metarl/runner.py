@@ -35,7 +35,8 @@ def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "au
     if mesh == "auto":
         mesh = devices.population_mesh(cfg.es.popsize)
     evo = Evolution(es_config(cfg), task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
-                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh)
+                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
+                    describe_search=task.describe_search)
     return task, evo
 
 
@@ -137,6 +138,9 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto") -> dict:
 def _record(stats: dict, seconds: float, frames_per_gen: int) -> dict:
     record = {}
     for k, v in stats.items():
+        if isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
+            record[k] = jax.tree.map(float, v)
+            continue
         v = np.asarray(v)
         record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
     record["seconds"] = seconds

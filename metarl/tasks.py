@@ -138,6 +138,7 @@ class Task:
     fitness_fn: Callable           # (meta_params, key) -> scalar, higher is better
     frames_per_eval: int           # environment frames in one inner run
     make_train: Callable           # meta_params-aware: (meta_params) -> train(key) -> (params, metrics)
+    describe_search: Callable | None = None  # (mean, std) -> dict logged every generation
 
 
 def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
@@ -210,7 +211,15 @@ def build_task(cfg: RunConfig) -> Task:
         def make_train(meta):
             train = module.make_train(inner.replace(**component.decode(meta)))
             return lambda key: train(key)
+
+        def describe_search(mean, std):
+            # The search runs over z; report it in the hyperparameters' own units, with the band
+            # decode(z -+ std), so a plot can show where the search stands every generation.
+            low = jax.tree.map(lambda m, s: m - s, mean, std)
+            high = jax.tree.map(lambda m, s: m + s, mean, std)
+            return {"mean": component.decode(mean), "low": component.decode(low), "high": component.decode(high)}
     else:
+        describe_search = None
         template = component.init(jax.random.key(cfg.seed))
         init_mean = (jax.tree.map(jnp.zeros_like, template) if cfg.es.init_mean == "zeros" else template)
         seam = {kind: component}
@@ -225,7 +234,7 @@ def build_task(cfg: RunConfig) -> Task:
 
     return Task(kind=kind, algo=algo, component=component, inner_config=inner, template=template,
                 init_mean=init_mean, fitness_fn=fitness_fn, frames_per_eval=_frames(inner),
-                make_train=make_train)
+                make_train=make_train, describe_search=describe_search)
 
 
 def _frames(inner) -> int:

@@ -20,6 +20,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import optax
 from evosax.algorithms import CMA_ES, PGPE, SNES, Open_ES, Sep_CMA_ES, SimpleES
@@ -122,6 +123,16 @@ def _strong(x):
     return x if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else jnp.asarray(x, dtype=x.dtype)
 
 
+def search_std(es_state, shape):
+    """The per-dimension search width: ``std`` (a scalar or per dimension), times sqrt(diag C) where
+    the strategy adapts a covariance (Sep-CMA-ES keeps its diagonal, CMA-ES the full matrix)."""
+    std = jnp.broadcast_to(jnp.asarray(getattr(es_state, "std", 0.0), jnp.float32), shape)
+    c = getattr(es_state, "C", None)
+    if c is not None:
+        std = std * jnp.sqrt(jnp.diag(c) if c.ndim == 2 else c)
+    return std
+
+
 def replace_nonfinite(fitness, floor=None):
     """``(fitness with NaN/inf replaced, how many were)``: the generation's worst finite value, or
     ``floor`` when given (also when no member is finite)."""
@@ -138,7 +149,8 @@ class Evolution:
 
     def __init__(self, config: ESConfig, template: Any,
                  fitness_fn: Callable[[Any, jax.Array], jax.Array], num_seeds: int = 1,
-                 init_mean: Any = None, nonfinite_floor: Optional[float] = None, mesh=None):
+                 init_mean: Any = None, nonfinite_floor: Optional[float] = None, mesh=None,
+                 describe_search: Optional[Callable[[Any, Any], dict]] = None):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
             raise ValueError(f"fitness.num_seeds: {num_seeds!r}; allowed: a positive integer")
         self.config = config.validate()
@@ -148,6 +160,9 @@ class Evolution:
         self.init_mean = template if init_mean is None else init_mean
         self.nonfinite_floor = nonfinite_floor
         self.mesh = mesh
+        # describe_search(mean, std) -> dict of scalars, logged every generation (pytrees shaped
+        # like the template; std is the per-dimension search width).
+        self.describe_search = describe_search
         if mesh is not None and config.popsize % mesh.size:
             raise ValueError(f"es.popsize: {config.popsize} does not divide over {mesh.size} devices; "
                              f"allowed: a multiple of {mesh.size}")
@@ -204,11 +219,17 @@ class Evolution:
         new_state = EvoState(es_state=es_state, key=key, generation=state.generation + 1,
                              best_fitness=jnp.where(improved, gen_best, state.best_fitness),
                              best_params=best_params)
+        if self.describe_search is not None:
+            mean = self.es.get_mean(es_state)
+            flat_mean, unravel = jax.flatten_util.ravel_pytree(mean)
+            stats_search = self.describe_search(mean, unravel(search_std(es_state, flat_mean.shape)))
         quantiles = jnp.quantile(fitness, jnp.array(QUANTILES))
         stats = {"generation": state.generation, "best": gen_best, "mean": jnp.mean(fitness),
                  "std": jnp.std(fitness), "worst": jnp.min(fitness), "best_so_far": new_state.best_fitness,
                  "nonfinite": nonfinite, "fitness": fitness,
                  **{f"q{int(q * 100):02d}": v for q, v in zip(QUANTILES, quantiles)}}
+        if self.describe_search is not None:
+            stats["search"] = stats_search
         return new_state, stats
 
     def mean(self, state: EvoState):
