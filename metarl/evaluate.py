@@ -6,7 +6,8 @@ Trains ``num_seeds`` agents with the run's best exported meta-parameters and as 
 each side in one vmapped, jitted call, on the run's environment or on ``env`` (the learned component
 or hyperparameters applied there as they are). Prints mean and 95% t-interval of the final return (mean
 episode return over the last 10% of updates) per side, Welch's t-test and a Mann-Whitney U test of the
-difference; writes RUN_DIR/evaluation[_ENV].json and RUN_DIR/figures/evaluation[_ENV].png.
+difference; writes RUN_DIR/evaluation[_ENV][_FRAMES].json and RUN_DIR/figures/evaluation[_ENV][_FRAMES].png
+(the suffixes appear when env or total_timesteps is given).
 
 Seeds: agent i trains from ``fold_in(key(10_000), i)``. Evolution draws every key by ``split`` from
 ``key(cfg.seed)``; a different root key gives an unrelated threefry stream, so these seeds were never
@@ -146,7 +147,10 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         report["learned_values"] = {k: float(v) for k, v in task.component.decode(meta).items()}
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in task.component.names}
 
+    # One file per (env, budget), so evaluations at other settings never overwrite each other.
     suffix = "" if cfg.env == run_env else f"_{cfg.env}"
+    if total_timesteps is not None:
+        suffix += f"_{int(task.frames_per_eval)}"
     n_updates = next(iter(curves.values())).shape[1]
     frames = np.arange(1, n_updates + 1) * (task.frames_per_eval / n_updates)
     fig = plots.learning_curves_figure(

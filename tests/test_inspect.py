@@ -91,7 +91,7 @@ def test_evaluate_prints_both_sides_and_the_tests(runs, capsys):
     out = capsys.readouterr().out
     assert "learned value_loss" in out and "baseline: L2 value loss" in out
     assert "Welch's t =" in out and "Mann-Whitney U =" in out
-    report = json.loads((run / "evaluation.json").read_text())
+    report = json.loads((run / "evaluation_64.json").read_text())
     assert set(report["sides"]) == {"learned value_loss", "baseline: L2 value loss (clipped)"}
     for side in report["sides"].values():
         assert side["n"] == 4 and len(side["final_returns"]) == 4
@@ -99,7 +99,7 @@ def test_evaluate_prints_both_sides_and_the_tests(runs, capsys):
         assert side["ci95"][0] <= side["mean"] <= side["ci95"][1]
     test = report["test"]
     assert all(math.isfinite(test[k]) for k in ("welch_t", "welch_p", "mannwhitney_u", "mannwhitney_p"))
-    check_image(run / inspect.FIGURES / "evaluation.png", (700, 400))
+    check_image(run / inspect.FIGURES / "evaluation_64.png", (700, 400))
 
 
 def test_eval_keys_avoid_the_runs_root():
