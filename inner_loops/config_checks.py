@@ -43,3 +43,14 @@ def check_range(name: str, value: Any, low: Optional[float] = None, high: Option
         lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
         hi = "" if high is None else f"<= {high}"
         raise ValueError(f"{name}: {v!r}; allowed: {' and '.join(s for s in (lo, hi) if s)}")
+
+
+def with_overrides(config: Any, meta_params: Optional[dict], allowed: tuple) -> Any:
+    """``config`` with the float hyperparameters named in ``meta_params`` replaced: the seam through
+    which an outer loop hands a trainer its hyperparameters as (possibly traced) arrays."""
+    if meta_params is None:
+        return config
+    unknown = set(meta_params) - set(allowed)
+    if unknown:
+        raise ValueError(f"meta_params: unknown keys {sorted(unknown)}; allowed: {', '.join(allowed)}")
+    return config.replace(**meta_params)

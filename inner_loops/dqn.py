@@ -37,6 +37,7 @@ from jax.flatten_util import ravel_pytree
 
 from inner_loops import envs
 from inner_loops.config_checks import check_range as _check_range
+from inner_loops.config_checks import with_overrides
 from inner_loops.config_checks import static as _static
 
 EPSILON_SCHEDULES = ("linear", "inverse")
@@ -192,12 +193,7 @@ def make_train(config: DQNConfig):
         return obs.reshape(obs.shape[0], obs_dim).astype(jnp.float32)
 
     def train(key: jax.Array, meta_params: dict[str, Any] | None = None):
-        cfg = config
-        if meta_params is not None:
-            unknown = set(meta_params) - set(FLOAT_FIELDS)
-            if unknown:
-                raise ValueError(f"meta_params: unknown keys {sorted(unknown)}; allowed: {', '.join(FLOAT_FIELDS)}")
-            cfg = cfg.replace(**meta_params)
+        cfg = with_overrides(config, meta_params, FLOAT_FIELDS)
         gamma = jnp.asarray(cfg.gamma, jnp.float32)
         tau = jnp.asarray(cfg.tau, jnp.float32)
         optimizer = optax.adam(cfg.learning_rate, eps=cfg.adam_eps)

@@ -34,6 +34,7 @@ from flax import struct
 
 from inner_loops import envs
 from inner_loops.config_checks import check_range as _check_range
+from inner_loops.config_checks import with_overrides
 from inner_loops.config_checks import static as _static
 
 ALGORITHMS = ("q_learning", "expected_sarsa")
@@ -141,12 +142,7 @@ def make_train(config: QLearningConfig):
     lanes = jnp.arange(num_actions, dtype=jnp.int32)
 
     def train(key: jax.Array, meta_params: dict[str, Any] | None = None):
-        cfg = config
-        if meta_params is not None:
-            unknown = set(meta_params) - set(FLOAT_FIELDS)
-            if unknown:
-                raise ValueError(f"meta_params: unknown keys {sorted(unknown)}; allowed: {', '.join(FLOAT_FIELDS)}")
-            cfg = cfg.replace(**meta_params)
+        cfg = with_overrides(config, meta_params, FLOAT_FIELDS)
         alpha = jnp.asarray(cfg.alpha, jnp.float32)
         gamma = jnp.asarray(cfg.gamma, jnp.float32)
         epsilon = jnp.asarray(cfg.epsilon, jnp.float32)
