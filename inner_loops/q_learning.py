@@ -139,7 +139,6 @@ def make_train(config: QLearningConfig):
     # Paying for an episode clock only when the env has a time limit keeps the reference task lean.
     track_time = max_steps < 2**31 - 1
     expected = config.algorithm == "expected_sarsa"
-    lanes = jnp.arange(num_actions, dtype=jnp.int32)
 
     def train(key: jax.Array, meta_params: dict[str, Any] | None = None):
         cfg = with_overrides(config, meta_params, FLOAT_FIELDS)

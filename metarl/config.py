@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import experiments as _experiments_pkg
 

@@ -29,3 +29,32 @@ def evolve(args, cwd, timeout=300, check=False):
 def start_evolve(args, cwd):
     return subprocess.Popen([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd, env=env_vars(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def records(run_dir):
+    """metrics.jsonl without the timings, which differ between runs."""
+    import json
+    from pathlib import Path
+
+    out = []
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        r.pop("seconds"), r.pop("fps")
+        out.append(r)
+    return out
+
+
+def final_state(run_dir):
+    """``(evolution state, checkpoint meta)`` of the run's latest checkpoint, on one device."""
+    import jax
+
+    from metarl import checkpoints
+    from metarl.results import load_config
+    from metarl.runner import build_evolution
+
+    _, evo = build_evolution(load_config(run_dir), mesh=None)
+    ckpt = checkpoints.Checkpointer(run_dir, write=False)
+    try:
+        return ckpt.restore(evo.init(jax.random.key(0)))
+    finally:
+        ckpt.close()

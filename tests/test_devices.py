@@ -3,18 +3,16 @@
 Every run is a real CLI subprocess at tiny sizes under a timeout: a multi-device or multi-process
 hang fails the test instead of the session.
 """
-import json
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from clihelp import TINY, env_vars
+from clihelp import TINY, env_vars, final_state, records
 
 GENS = 3
 ARGS = ["experiment=value_loss", *TINY, f"es.generations={GENS}", "logger.progress=false"]
@@ -34,24 +32,8 @@ def ok(proc):
     return proc
 
 
-def records(run_dir):
-    out = []
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        r.pop("seconds"), r.pop("fps")
-        out.append(r)
-    return out
-
-
 def es_mean(run_dir):
-    from metarl import checkpoints
-    from metarl.results import load_config
-    from metarl.runner import build_evolution
-
-    _, evo = build_evolution(load_config(run_dir), mesh=None)
-    ckpt = checkpoints.Checkpointer(run_dir, write=False)
-    state, meta = ckpt.restore(evo.init(jax.random.key(0)))
-    ckpt.close()
+    state, meta = final_state(run_dir)
     return meta["generation"], jax.tree.leaves(state.es_state.mean)
 
 

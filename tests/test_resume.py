@@ -1,41 +1,16 @@
 """Checkpoints and resume: a run stopped at any moment continues exactly where it was."""
-import json
-import os
 import shutil
 import signal
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from clihelp import TINY, evolve, start_evolve
+from clihelp import TINY, evolve, final_state, records, start_evolve
 
 # A little more work per generation than TINY, so that a kill can land inside one.
 SLOWER = [a for a in TINY if not a.startswith("inner.total_timesteps")] + ["inner.total_timesteps=2048"]
-
-
-def records(run_dir):
-    out = []
-    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        r.pop("seconds"), r.pop("fps")
-        out.append(r)
-    return out
-
-
-def final_state(run_dir):
-    from metarl import checkpoints
-    from metarl.results import load_config
-    from metarl.runner import build_evolution
-
-    cfg = load_config(run_dir)
-    _, evo = build_evolution(cfg, mesh=None)
-    ckpt = checkpoints.Checkpointer(run_dir, write=False)
-    state, meta = ckpt.restore(evo.init(jax.random.key(0)))
-    ckpt.close()
-    return state, meta
 
 
 def assert_same_run(a, b):
