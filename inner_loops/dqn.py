@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 from flax import struct
-from jax.flatten_util import ravel_pytree
 
 from inner_loops import envs
+from inner_loops.flat_mlp import Adam, FlatMLP, adam_init, adam_step
 from inner_loops.config_checks import check_range as _check_range
 from inner_loops.config_checks import with_overrides
 from inner_loops.config_checks import static as _static
@@ -116,8 +116,10 @@ class DQNConfig:
                 f"total_timesteps: {self.total_timesteps} is not a multiple of log_interval={self.log_interval}; "
                 "allowed: k * log_interval"
             )
-        if self.buffer_size < self.num_envs:
-            raise ValueError(f"buffer_size: {self.buffer_size} is smaller than num_envs={self.num_envs}; allowed: >= num_envs")
+        if self.buffer_size % self.num_envs:
+            raise ValueError(
+                f"buffer_size: {self.buffer_size} is not a multiple of num_envs={self.num_envs}; allowed: k * num_envs"
+            )
         for name in ("gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_fraction"):
             _check_range(name, getattr(self, name), low=0.0, high=1.0)
         for name in ("learning_rate", "epsilon_decay_rate", "adam_eps"):
@@ -138,21 +140,14 @@ class QNetwork(nn.Module):
         return nn.Dense(self.num_actions)(x)
 
 
-class Buffer(NamedTuple):
-    obs: jax.Array  # (size, obs_dim) float32
-    action: jax.Array  # (size,) int32
-    reward: jax.Array  # (size,) float32
-    next_obs: jax.Array  # (size, obs_dim) float32, the true next observation (before auto-reset)
-    terminated: jax.Array  # (size,) float32, 1 where the bootstrap is cut
-
-
 class Carry(NamedTuple):
-    params: jax.Array  # flat online parameters
-    target: jax.Array  # flat target parameters
-    opt_state: Any
+    params: jax.Array  # online network, flat (see inner_loops.flat_mlp)
+    target: jax.Array  # target network, flat
+    opt_state: Adam
     env_state: Any
     obs: jax.Array  # (num_envs, obs_dim)
-    buffer: Buffer
+    buffer: jax.Array  # (buffer_size, width) rows of obs | next_obs | action | reward | terminated
+    pending: jax.Array  # (num_envs, width) the last step's transitions, written at the next step
     iteration: jax.Array  # int32, loop iterations done
     episode_return: jax.Array  # (num_envs,) running return of the current episodes
     return_sum: jax.Array  # sum of returns of episodes ended in this interval
@@ -172,9 +167,9 @@ def epsilon_at(config: DQNConfig, env_steps: jax.Array) -> jax.Array:
 def make_train(config: DQNConfig):
     """Return ``train(key, meta_params=None) -> (params, metrics)``; pure, jit/vmap-able.
 
-    ``params`` are the online network's flax parameters. ``meta_params`` may be a dict of float
-    hyperparameters (names in ``FLOAT_FIELDS``) that replace the config's values, so an outer
-    loop can evolve them directly.
+    ``params`` are the online network's flax parameters (for ``QNetwork.apply``). ``meta_params``
+    may be a dict of float hyperparameters (names in ``FLOAT_FIELDS``) that replace the config's
+    values, so an outer loop can evolve them directly.
     """
     config.validate()
     env, env_params = envs.make(config.env, **dict(config.env_kwargs))
@@ -183,11 +178,16 @@ def make_train(config: DQNConfig):
     obs_dim = 1
     for d in obs_shape:
         obs_dim *= d
-    network = QNetwork(hidden=tuple(config.hidden), num_actions=num_actions)
+    network = QNetwork(hidden=tuple(config.hidden), num_actions=num_actions)  # for its initialisation
+    mlp = FlatMLP((obs_dim, *config.hidden, num_actions))
     num_envs, batch_size, buffer_size = config.num_envs, config.batch_size, config.buffer_size
     iterations = config.iterations_per_log
+    width = 2 * obs_dim + 3
+    col_action, col_reward, col_term = 2 * obs_dim, 2 * obs_dim + 1, 2 * obs_dim + 2
     vmap_reset = jax.vmap(env.reset, in_axes=(0, None))
-    vmap_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    v_reset_block = jax.vmap(jax.vmap(env.reset_env, in_axes=(0, None)), in_axes=(0, None))
+    v_step = jax.vmap(envs.step_auto_reset(env), in_axes=(0, 0, 0, 0, 0, None))
+    action_ids = jnp.arange(num_actions)
 
     def flatten(obs: jax.Array) -> jax.Array:
         return obs.reshape(obs.shape[0], obs_dim).astype(jnp.float32)
@@ -196,81 +196,69 @@ def make_train(config: DQNConfig):
         cfg = with_overrides(config, meta_params, FLOAT_FIELDS)
         gamma = jnp.asarray(cfg.gamma, jnp.float32)
         tau = jnp.asarray(cfg.tau, jnp.float32)
-        optimizer = optax.adam(cfg.learning_rate, eps=cfg.adam_eps)
+        lr = jnp.asarray(cfg.learning_rate, jnp.float32)
+        adam_eps = jnp.asarray(cfg.adam_eps, jnp.float32)
 
         key, k_init, k_reset, k_run = jax.random.split(key, 4)
-        params_tree = network.init(k_init, jnp.zeros((1, obs_dim), jnp.float32))
-        flat_params, unravel = ravel_pytree(params_tree)
-
-        def q_values(flat: jax.Array, x: jax.Array) -> jax.Array:
-            return network.apply(unravel(flat), x)
-
+        params = mlp.from_flax(network.init(k_init, jnp.zeros((1, obs_dim), jnp.float32)))
         obs, env_state = vmap_reset(jax.random.split(k_reset, num_envs), env_params)
-        obs = flatten(obs)
-        buffer = Buffer(
-            obs=jnp.zeros((buffer_size, obs_dim), jnp.float32),
-            action=jnp.zeros((buffer_size,), jnp.int32),
-            reward=jnp.zeros((buffer_size,), jnp.float32),
-            next_obs=jnp.zeros((buffer_size, obs_dim), jnp.float32),
-            terminated=jnp.zeros((buffer_size,), jnp.float32),
-        )
 
-        def step(carry: Carry, noise: tuple[jax.Array, ...]) -> tuple[Carry, None]:
-            explore_u, random_action, sample_u, env_keys = noise
+        def step(carry: Carry, noise: tuple[Any, ...]) -> tuple[Carry, None]:
+            explore_u, random_action, sample_u, env_keys, (reset_obs, reset_state) = noise
             env_steps = carry.iteration * num_envs
+            # Write the previous step's transitions first, so the buffer is only read after its
+            # last write and is updated in place (at iteration 0 the rows are never sampled).
+            last_slot = jnp.remainder(env_steps - num_envs, buffer_size).astype(jnp.int32)
+            buffer = jax.lax.dynamic_update_slice_in_dim(carry.buffer, carry.pending, last_slot, axis=0)
             filled = jnp.minimum(env_steps, buffer_size)
             # Before the buffer has data the batch is garbage; the update is discarded below.
             idx = jnp.minimum((sample_u * filled).astype(jnp.int32), jnp.maximum(filled - 1, 0))
-            b_obs, b_next = carry.buffer.obs[idx], carry.buffer.next_obs[idx]
-            b_action, b_reward, b_term = carry.buffer.action[idx], carry.buffer.reward[idx], carry.buffer.terminated[idx]
+            rows = buffer[idx]
+            b_obs, b_next = rows[:, :obs_dim], rows[:, obs_dim:2 * obs_dim]
+            b_action, b_reward, b_term = rows[:, col_action], rows[:, col_reward], rows[:, col_term]
 
-            q_next_target = q_values(carry.target, b_next)
-
-            def loss_fn(flat: jax.Array):
-                rows = [b_obs, carry.obs] + ([b_next] if config.double_dqn else [])
-                q = q_values(flat, jnp.concatenate(rows, axis=0))
-                q_batch, q_act = q[:batch_size], jax.lax.stop_gradient(q[batch_size:batch_size + num_envs])
-                if config.double_dqn:
-                    best = jnp.argmax(jax.lax.stop_gradient(q[batch_size + num_envs:]), axis=-1)
-                    bootstrap = jnp.take_along_axis(q_next_target, best[:, None], axis=-1)[:, 0]
-                else:
-                    bootstrap = q_next_target.max(axis=-1)
-                target = b_reward + gamma * (1.0 - b_term) * bootstrap
-                q_sa = jnp.take_along_axis(q_batch, b_action[:, None], axis=-1)[:, 0]
-                error = q_sa - jax.lax.stop_gradient(target)
-                if config.loss == "huber":
-                    loss = optax.huber_loss(error).mean()
-                else:
-                    loss = 0.5 * jnp.mean(error**2)
-                return loss, q_act
-
-            (loss, q_act), grad = jax.value_and_grad(loss_fn, has_aux=True)(carry.params)
-            updates, new_opt_state = optimizer.update(grad, carry.opt_state, carry.params)
+            q_next_target, _ = mlp.forward(carry.target, b_next)
+            # One forward pass of the online network: the batch, the rows to act on, and (Double
+            # DQN) the next observations.
+            x = jnp.concatenate([b_obs, carry.obs] + ([b_next] if config.double_dqn else []), axis=0)
+            q, inputs = mlp.forward(carry.params, x)
+            q_batch, q_act = q[:batch_size], q[batch_size:batch_size + num_envs]
+            if config.double_dqn:
+                online_next = q[batch_size + num_envs:]
+                best = online_next == jnp.max(online_next, axis=-1, keepdims=True)
+                first = best & (jnp.cumsum(best, axis=-1) == 1)  # argmax's first maximum, as a mask
+                bootstrap = jnp.sum(jnp.where(first, q_next_target, 0.0), axis=-1)
+            else:
+                bootstrap = q_next_target.max(axis=-1)
+            target = b_reward + gamma * (1.0 - b_term) * bootstrap
+            taken = b_action[:, None] == action_ids
+            error = jnp.sum(jnp.where(taken, q_batch, 0.0), axis=-1) - target
+            if config.loss == "huber":
+                loss = jnp.mean(optax.huber_loss(error))
+                d_error = jnp.clip(error, -1.0, 1.0)
+            else:
+                loss = 0.5 * jnp.mean(error**2)
+                d_error = error
+            grad = mlp.backward(carry.params, inputs, jnp.where(taken, d_error[:, None] / batch_size, 0.0))
             learn = (env_steps >= config.learning_starts) & (filled > 0)
-            params = jnp.where(learn, carry.params + updates, carry.params)
-            opt_state = jax.tree.map(lambda new, old: jnp.where(learn, new, old), new_opt_state, carry.opt_state)
+            params, opt_state = adam_step(carry.params, grad, carry.opt_state, lr, adam_eps, learn)
 
             # Act with the parameters the batch was evaluated with (before this update).
             epsilon = epsilon_at(cfg, env_steps)
             action = jnp.where(explore_u < epsilon, random_action, jnp.argmax(q_act, axis=-1).astype(jnp.int32))
-            next_obs, env_state, reward, terminated, _, info = vmap_step(env_keys, carry.env_state, action, env_params)
+            next_obs, env_state, reward, terminated, truncated, final_obs = v_step(
+                env_keys, carry.env_state, action, reset_obs, reset_state, env_params)
             next_obs = flatten(next_obs)
             reward = reward.astype(jnp.float32)
-            slot = (env_steps % buffer_size).astype(jnp.int32)
-            put = lambda arr, val: jax.lax.dynamic_update_slice_in_dim(arr, val.astype(arr.dtype), slot, axis=0)
-            buffer = Buffer(
-                obs=put(carry.buffer.obs, carry.obs),
-                action=put(carry.buffer.action, action),
-                reward=put(carry.buffer.reward, reward),
-                next_obs=put(carry.buffer.next_obs, flatten(info["final_observation"])),
-                terminated=put(carry.buffer.terminated, terminated),
-            )
+            pending = jnp.concatenate(
+                [carry.obs, flatten(final_obs), action[:, None].astype(jnp.float32), reward[:, None],
+                 terminated[:, None].astype(jnp.float32)], axis=1)
 
             iteration = carry.iteration + 1
             refresh = iteration % config.target_update_period == 0
             target = jnp.where(refresh, tau * params + (1.0 - tau) * carry.target, carry.target)
 
-            done = terminated | info["truncated"]
+            done = terminated | truncated
             episode_return = carry.episode_return + reward
             carry = Carry(
                 params=params,
@@ -279,6 +267,7 @@ def make_train(config: DQNConfig):
                 env_state=env_state,
                 obs=next_obs,
                 buffer=buffer,
+                pending=pending,
                 iteration=iteration,
                 episode_return=jnp.where(done, 0.0, episode_return),
                 return_sum=carry.return_sum + jnp.sum(jnp.where(done, episode_return, 0.0)),
@@ -289,17 +278,19 @@ def make_train(config: DQNConfig):
 
         def interval(outer: tuple[Carry, jax.Array], key: jax.Array):
             carry, last_return = outer
-            k_explore, k_action, k_sample, k_env = jax.random.split(key, 4)
+            k_explore, k_action, k_sample, k_env, k_reset = jax.random.split(key, 5)
             noise = (
                 jax.random.uniform(k_explore, (iterations, num_envs)),
                 jax.random.randint(k_action, (iterations, num_envs), 0, num_actions, jnp.int32),
                 jax.random.uniform(k_sample, (iterations, batch_size)),
-                # Environment keys use the RngBitGenerator PRNG: a gymnax step splits its key and
-                # resets with it, and threefry there compiles to small loops that cost more than
-                # the rest of the step on CPU.
+                # Environment keys use the RngBitGenerator PRNG: threefry compiles to small loops
+                # that cost more than a whole CartPole step on CPU.
                 jax.random.wrap_key_data(
                     jax.random.bits(k_env, (iterations, num_envs, 4), jnp.uint32), impl="unsafe_rbg"
                 ),
+                # Every reset state of the interval in one batched draw; a step selects its own
+                # where an episode ended (gymnax's auto-reset semantics, without its per-step draw).
+                v_reset_block(jax.random.split(k_reset, (iterations, num_envs)), env_params),
             )
             carry = carry._replace(return_sum=jnp.float32(0.0), episodes=jnp.int32(0), loss_sum=jnp.float32(0.0))
             carry, _ = jax.lax.scan(step, carry, noise, unroll=config.unroll)
@@ -315,12 +306,13 @@ def make_train(config: DQNConfig):
             return (carry, mean_return), metrics
 
         carry = Carry(
-            params=flat_params,
-            target=flat_params,
-            opt_state=optimizer.init(flat_params),
+            params=params,
+            target=params,
+            opt_state=adam_init(params),
             env_state=env_state,
-            obs=obs,
-            buffer=buffer,
+            obs=flatten(obs),
+            buffer=jnp.zeros((buffer_size, width), jnp.float32),
+            pending=jnp.zeros((num_envs, width), jnp.float32),
             iteration=jnp.int32(0),
             episode_return=jnp.zeros((num_envs,), jnp.float32),
             return_sum=jnp.float32(0.0),
@@ -328,7 +320,7 @@ def make_train(config: DQNConfig):
             loss_sum=jnp.float32(0.0),
         )
         (carry, _), metrics = jax.lax.scan(interval, (carry, jnp.float32(0.0)), jax.random.split(k_run, config.num_logs))
-        return unravel(carry.params), metrics
+        return mlp.to_flax(carry.params), metrics
 
     return train
 

@@ -221,21 +221,10 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
         return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
 
     v_reset = jax.vmap(env.reset, in_axes=(0, None))
-    # The rollout calls the environment's own step_env/reset_env rather than env.step: env.step draws
-    # two random streams per step (a split, then the reset state) inside the scan, while here every
-    # reset state of the rollout is drawn before the scan in one batched call, and the step only
-    # selects it where an episode ended (same auto-reset semantics as gymnax's env.step).
+    # Every reset state of a rollout is drawn before the scan in one batched call; the step selects
+    # one where an episode ended (gymnax's auto-reset semantics without its per-step draws).
     v_reset_block = jax.vmap(jax.vmap(env.reset_env, in_axes=(0, None)), in_axes=(0, None))
-
-    def step_auto_reset(key, state, action, reset_obs, reset_state, params):
-        obs_st, state_st, reward, term, _ = env.step_env(key, state, action, params)
-        trunc = env.is_truncated(state_st, params)
-        done = jnp.logical_or(term, trunc)
-        state = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_state, state_st)
-        obs = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_obs, obs_st)
-        return obs, state, reward, term, trunc, obs_st
-
-    v_step = jax.vmap(step_auto_reset, in_axes=(0, 0, 0, 0, 0, None))
+    v_step = jax.vmap(envs_lib.step_auto_reset(env), in_axes=(0, 0, 0, 0, 0, None))
 
     def train(key, meta_params=None):
         k_init, k_reset, k_run = jax.random.split(key, 3)

@@ -100,3 +100,34 @@ def test_reaches_200_on_cartpole_over_four_seeds_within_1e5_steps():
     returns = np.asarray(metrics["episode_return"])  # (4 seeds, 20 intervals)
     print("per-seed final interval returns:", returns[:, -1].round(1), "mean curve:", returns.mean(0).round(0))
     assert returns[:, -1].mean() >= 200.0
+
+
+def test_flat_mlp_matches_flax_and_autodiff():
+    from inner_loops.dqn import QNetwork
+    from inner_loops.flat_mlp import FlatMLP, adam_init, adam_step
+    import optax
+
+    net, mlp = QNetwork(hidden=(16, 8), num_actions=3), FlatMLP((5, 16, 8, 3))
+    params = net.init(jax.random.key(1), jnp.zeros((1, 5)))
+    flat = mlp.from_flax(params)
+    assert flat.shape == (mlp.size,)
+    x = jax.random.normal(jax.random.key(2), (7, 5))
+    q, inputs = mlp.forward(flat, x)
+    np.testing.assert_allclose(q, net.apply(params, x), rtol=1e-5, atol=1e-6)
+    jax.tree.map(np.testing.assert_array_equal, mlp.to_flax(flat), params)
+    # Hand-written backward == autodiff, using only the first 4 rows (the rest are "acting" rows).
+    d_out = jax.random.normal(jax.random.key(3), (4, 3))
+    expected = jax.grad(lambda f: jnp.sum(d_out * mlp.forward(f, x[:4])[0]))(flat)
+    np.testing.assert_allclose(mlp.backward(flat, inputs, d_out), expected, rtol=1e-5, atol=1e-6)
+    # Fused Adam == optax.adam for three steps; a step with apply=False changes nothing.
+    opt, lr = optax.adam(1e-2), jnp.float32(1e-2)
+    o_state, state, ref, mine = opt.init(flat), adam_init(flat), flat, flat
+    for i in range(3):
+        g = jnp.sin(flat * (i + 1))
+        upd, o_state = opt.update(g, o_state, ref)
+        ref = ref + upd
+        mine, state = adam_step(mine, g, state, lr, jnp.float32(1e-8), jnp.bool_(True))
+    np.testing.assert_allclose(mine, ref, rtol=1e-5, atol=1e-7)
+    same, same_state = adam_step(mine, g, state, lr, jnp.float32(1e-8), jnp.bool_(False))
+    np.testing.assert_array_equal(same, mine)
+    assert int(same_state.count) == 3

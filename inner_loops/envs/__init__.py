@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
+
 # gymnax 1.0 imports `six` without declaring it; the project depends on it (see pyproject).
 import gymnax
 
@@ -34,6 +36,27 @@ def check_name(name: str, field: str = "env") -> None:
     """Raise a one-line ValueError naming ``field`` if ``name`` is not a known environment."""
     if name not in _REGISTRY and name not in gymnax.registered_envs:
         raise ValueError(f"{field}: unknown environment {name!r}; allowed: {', '.join(available())}")
+
+
+def step_auto_reset(env: Any) -> Callable:
+    """``step(key, state, action, reset_obs, reset_state, params)`` for one environment: gymnax's
+    ``env.step`` with the reset state given instead of drawn.
+
+    ``env.step`` draws two random streams per call (a split, then a reset); a trainer that draws
+    every reset state of a rollout in one batched call before its scan passes them in here, and
+    the step only selects one where the episode ended. Returns ``(obs, state, reward, terminated,
+    truncated, final_obs)``, where ``final_obs`` is the observation before any reset.
+    """
+
+    def step(key, state, action, reset_obs, reset_state, params):
+        obs_st, state_st, reward, term, _ = env.step_env(key, state, action, params)
+        trunc = env.is_truncated(state_st, params)
+        done = jax.numpy.logical_or(term, trunc)
+        state = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_state, state_st)
+        obs = jax.tree.map(lambda r, s: jax.lax.select(done, r, s), reset_obs, obs_st)
+        return obs, state, reward, term, trunc, obs_st
+
+    return step
 
 
 def _register_builtin() -> None:
