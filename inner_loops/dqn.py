@@ -6,10 +6,13 @@ copy); epsilon follows a linear decay or the ``start / (1 + rate * t)`` schedule
 ``double_dqn`` switches the bootstrap to the Double DQN target. Observations are flattened to float32,
 so image-like grids such as Doors work with the MLP.
 
-Speed notes (per-operation overhead dominates on CPU): the parameters are one flat vector, so Adam
-and the target update are a few fused operations instead of a few per layer; random numbers are
-drawn once per log interval; and the forward pass that picks the next action rides along in the
-loss's forward pass (one extra row), so each step runs one network call plus one for the target.
+Speed notes (one small update per environment step, so operations per step and matrix-product
+layout set the speed on CPU): the network is ``inner_loops.flat_mlp.FlatMLP``, a flat parameter
+vector with a hand-written backward pass and a fused Adam (see that module); the replay buffer is
+one array, written at the start of the next step so it is read only after its last write and
+updated in place; the random numbers and every reset state of a log interval are drawn in one call
+each; and the rows that pick the next action ride along in the loss's forward pass, so each step
+runs one online forward, one target forward and one backward pass.
 
 Usage::
 

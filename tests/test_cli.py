@@ -26,6 +26,11 @@ def test_tiny_run_writes_config_metrics_and_best(tmp_path):
     info = json.loads((run_dir / "best_meta_params.json").read_text())
     assert info["kind"] == "value_loss" and info["env"] == "CartPole-v1"
     assert "gen    2/2" in proc.stdout and "frames/s" in proc.stdout and "left" in proc.stdout
+    # A second run loads the generation from the compilation cache; XLA's C++ log lines about
+    # that ("Assume version compatibility", "+prefer-no-gather") must not reach the console.
+    again = evolve(["experiment=value_loss", *TINY, "es.generations=2", f"run_dir={tmp_path / 'again'}"],
+                   cwd=tmp_path, check=True)
+    assert again.stderr.strip() == "", again.stderr
 
 
 DQN_TINY = ["es.popsize=4", "fitness.num_seeds=1", "inner.total_timesteps=256", "inner.log_interval=64",
