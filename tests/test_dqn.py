@@ -18,6 +18,7 @@ TINY = dict(total_timesteps=400, log_interval=200, buffer_size=128, batch_size=8
         ({"total_timesteps": 0}, "total_timesteps"),
         ({"total_timesteps": 1500, "log_interval": 1000}, "total_timesteps"),
         ({"num_envs": 3, "log_interval": 1000, "total_timesteps": 3000}, "log_interval"),
+        ({"num_envs": 3, "buffer_size": 100, "log_interval": 300, "total_timesteps": 3000}, "buffer_size"),
         ({"env": "NoSuchEnv"}, "env"),
         ({"epsilon_schedule": "cosine"}, "epsilon_schedule"),
         ({"loss": "l1"}, "loss"),
