@@ -12,7 +12,7 @@ nothing clever, so it measures what "the obvious implementation" costs on this m
 version. Not used for training.
 
     train = make_train(total_steps=20_000)
-    params, last_return = jax.jit(train)(jax.random.key(0))
+    params, last_return, history = jax.jit(train)(jax.random.key(0))
 """
 from __future__ import annotations
 
@@ -113,6 +113,7 @@ def make_train(total_steps: int = 20_000, buffer_size: int = 512, batch_size: in
         state = (params, params, optimizer.init(params), buffer, env_state, obs, key, jnp.float32(0.0), jnp.float32(0.0),
                  history)
         state = jax.lax.fori_loop(0, total_steps, step, state)
-        return state[0], state[8]
+        # jym returns its per-step records; returning them keeps XLA from dropping their writes.
+        return state[0], state[8], state[9]
 
     return train
