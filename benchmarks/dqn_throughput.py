@@ -2,7 +2,7 @@
 
 MLP 64x64x64 relu, batch 32, one update per environment step, buffer 512, target copied every 10
 steps, Adam 1e-3, gamma 0.9, epsilon 0.3 / (1 + 0.001 t), one environment. ``metarl`` is
-``inner_loops.dqn``; ``reference`` is ``benchmarks/reference_dqn.py``, the published hand-written
+``metarl.inner_loops.dqn``; ``reference`` is ``benchmarks/reference_dqn.py``, the published hand-written
 structure, run in the same process. Timed runs of the two alternate, so machine noise hits both.
 
 Prints one JSON object: median steps/s of each after compilation, their ratio, compile seconds,
@@ -40,7 +40,7 @@ def main() -> None:
 
     import jax  # after pinning: XLA sizes its thread pool from the affinity mask
 
-    from inner_loops.dqn import DQNConfig, make_train
+    from metarl.inner_loops.dqn import DQNConfig, make_train
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import reference_dqn

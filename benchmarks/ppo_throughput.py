@@ -1,4 +1,4 @@
-"""PPO throughput on CartPole-v1: metarl's ``inner_loops.ppo`` against a PureJaxRL-style reference.
+"""PPO throughput on CartPole-v1: metarl's ``metarl.inner_loops.ppo`` against a PureJaxRL-style reference.
 
 Both use PureJaxRL's default CartPole config (4 envs x 128 steps, 4 epochs x 4 minibatches, 64x64 tanh
 actor and critic, lr 2.5e-4 annealed, 5e5 frames). For each agent count, ``jax.jit(jax.vmap(train))``
@@ -28,7 +28,7 @@ import time
 
 import jax
 
-from inner_loops.ppo import PPOConfig, make_train as make_metarl_train
+from metarl.inner_loops.ppo import PPOConfig, make_train as make_metarl_train
 
 try:  # run as a script: benchmarks/ is on sys.path
     import reference_ppo

@@ -16,7 +16,7 @@ import time
 
 import jax
 
-from inner_loops.q_learning import QLearningConfig, make_train
+from metarl.inner_loops.q_learning import QLearningConfig, make_train
 
 
 def measure(fn, key: jax.Array, repeats: int) -> tuple[float, float]:

@@ -8,7 +8,7 @@ Here: a Huber value loss whose width ``delta`` is a meta-parameter, compared wit
 import jax
 import jax.numpy as jnp
 
-from inner_loops.ppo import PPOConfig, make_train
+from metarl.inner_loops.ppo import PPOConfig, make_train
 
 
 class HuberValueLoss:

@@ -7,7 +7,7 @@ copy); epsilon follows a linear decay or the ``start / (1 + rate * t)`` schedule
 so image-like grids such as Doors work with the MLP.
 
 Speed notes (one small update per environment step, so operations per step and matrix-product
-layout set the speed on CPU): the network is ``inner_loops.flat_mlp.FlatMLP``, a flat parameter
+layout set the speed on CPU): the network is ``metarl.inner_loops.flat_mlp.FlatMLP``, a flat parameter
 vector with a hand-written backward pass and a fused Adam (see that module); the replay buffer is
 one array, written at the start of the next step so it is read only after its last write and
 updated in place; the random numbers and every reset state of a log interval are drawn in one call
@@ -17,7 +17,7 @@ runs one online forward, one target forward and one backward pass.
 Usage::
 
     import jax
-    from inner_loops.dqn import DQNConfig, make_train
+    from metarl.inner_loops.dqn import DQNConfig, make_train
 
     config = DQNConfig(env="CartPole-v1", total_timesteps=50_000)
     params, metrics = jax.jit(make_train(config))(jax.random.key(0))
@@ -37,11 +37,11 @@ import optax
 from flax import linen as nn
 from flax import struct
 
-from inner_loops import envs
-from inner_loops.flat_mlp import Adam, FlatMLP, adam_init, adam_step
-from inner_loops.config_checks import check_range as _check_range
-from inner_loops.config_checks import with_overrides
-from inner_loops.config_checks import static as _static
+from metarl.inner_loops import envs
+from metarl.inner_loops.flat_mlp import Adam, FlatMLP, adam_init, adam_step
+from metarl.inner_loops.config_checks import check_range as _check_range
+from metarl.inner_loops.config_checks import with_overrides
+from metarl.inner_loops.config_checks import static as _static
 
 EPSILON_SCHEDULES = ("linear", "inverse")
 LOSSES = ("mse", "huber")
@@ -144,7 +144,7 @@ class QNetwork(nn.Module):
 
 
 class Carry(NamedTuple):
-    params: jax.Array  # online network, flat (see inner_loops.flat_mlp)
+    params: jax.Array  # online network, flat (see metarl.inner_loops.flat_mlp)
     target: jax.Array  # target network, flat
     opt_state: Adam
     env_state: Any

@@ -1,7 +1,7 @@
 """PPO for any gymnax environment, end to end in one jitted function, with seams for learned parts.
 
     import jax
-    from inner_loops.ppo import PPOConfig, make_train
+    from metarl.inner_loops.ppo import PPOConfig, make_train
 
     config = PPOConfig(env="CartPole-v1", total_timesteps=100_000)
     params, metrics = jax.jit(make_train(config))(jax.random.key(0))
@@ -15,7 +15,7 @@ of them vmaps through one compilation:
     lrs = jnp.array([1e-4, 3e-4, 1e-3])
     jax.vmap(lambda lr, k: make_train(config.replace(lr=lr))(k))(lrs, keys)
 
-Two seams take meta-learned components (see ``inner_loops.components``): ``value_loss`` (per-sample
+Two seams take meta-learned components (see ``metarl.inner_loops.components``): ``value_loss`` (per-sample
 loss from prediction, old prediction and target) and ``policy_objective`` (per-sample objective from
 probability ratio and advantage). Their defaults are PPO's clipped value loss and clipped surrogate.
 ``train(key, meta_params)`` hands ``meta_params["value_loss"]`` and ``meta_params["policy_objective"]``
@@ -32,12 +32,12 @@ import optax
 from flax import struct
 from gymnax.environments import spaces
 
-from inner_loops import envs as envs_lib
-from inner_loops.config_checks import check_positive_int as _check_positive_int
-from inner_loops.config_checks import check_range as _check_range
-from inner_loops.config_checks import static as _static
-from inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, Component
-from inner_loops.networks import (
+from metarl.inner_loops import envs as envs_lib
+from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
+from metarl.inner_loops.config_checks import check_range as _check_range
+from metarl.inner_loops.config_checks import static as _static
+from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, Component
+from metarl.inner_loops.networks import (
     ACTIVATIONS,
     ActorCritic,
     categorical_entropy,

@@ -1,6 +1,6 @@
 """Tabular Q-learning and expected SARSA for deterministic environments with numbered states.
 
-The environment must offer the tabular interface of ``inner_loops.envs.gridworld``:
+The environment must offer the tabular interface of ``metarl.inner_loops.envs.gridworld``:
 ``num_states(params)``, ``state_from_index(i, params)`` and ``state_index(state, params)``, and be
 deterministic (GridWorld and Doors are). Before training, the registered environment's own
 ``step_env`` and ``reset_env`` are evaluated once for every (state, action) pair into small lookup
@@ -15,7 +15,7 @@ overhead, not arithmetic, bounds the speed of a tabular loop on the CPU.
 Usage::
 
     import jax
-    from inner_loops.q_learning import QLearningConfig, make_train
+    from metarl.inner_loops.q_learning import QLearningConfig, make_train
 
     config = QLearningConfig(total_timesteps=100_000, log_interval=10_000)
     q_table, metrics = jax.jit(make_train(config))(jax.random.key(0))    # q_table: (96, 4)
@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from inner_loops import envs
-from inner_loops.config_checks import check_range as _check_range
-from inner_loops.config_checks import with_overrides
-from inner_loops.config_checks import static as _static
+from metarl.inner_loops import envs
+from metarl.inner_loops.config_checks import check_range as _check_range
+from metarl.inner_loops.config_checks import with_overrides
+from metarl.inner_loops.config_checks import static as _static
 
 ALGORITHMS = ("q_learning", "expected_sarsa")
 # Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.

@@ -9,7 +9,7 @@ import typing
 from pathlib import Path
 from typing import Optional
 
-import experiments as _experiments_pkg
+from metarl import experiments as _experiments_pkg
 
 EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
 
@@ -18,8 +18,21 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line naming the field."""
 
 
-def available_experiments() -> list[str]:
-    return sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml") if p.stem != "base")
+def available_experiments(experiments_dir: Optional[str] = None) -> list[str]:
+    """Shipped experiments, plus the YAML files of a user's own ``experiments_dir``."""
+    dirs = [EXPERIMENTS_DIR] + ([Path(experiments_dir)] if experiments_dir else [])
+    return sorted({p.stem for d in dirs for p in d.glob("*.yaml") if p.stem != "base"})
+
+
+def check_experiments_dir(experiments_dir: Optional[str]) -> Optional[str]:
+    """The user's experiment folder as an absolute path, or None; refused unless it is a directory."""
+    if experiments_dir is None:
+        return None
+    path = Path(experiments_dir).expanduser()
+    if not path.is_dir():
+        raise ConfigError(f"experiments_dir: {experiments_dir!r} is not a directory; allowed: a folder of "
+                          "experiment YAML files (they may list `base` in their defaults)")
+    return str(path.resolve())
 
 
 # --- the schema ----------------------------------------------------------------------------------
@@ -78,6 +91,7 @@ class RunConfig:
     seed: int = 0
     env: str = "CartPole-v1"
     run_dir: Optional[str] = None
+    experiments_dir: Optional[str] = None   # a user's own experiment YAMLs, beside the shipped ones
     component: dict = dataclasses.field(default_factory=dict)
     inner: dict = dataclasses.field(default_factory=dict)
     es: ESSection = ESSection()
@@ -95,7 +109,7 @@ INIT_MEANS = ("zeros", "init")
 WANDB_MODES = ("disabled", "offline", "online")
 
 # Settings that do not change what the search computes; a resumed run may change these.
-RESUMABLE_FIELDS = ("run_dir", "es.generations", "checkpoint", "logger", "devices")
+RESUMABLE_FIELDS = ("run_dir", "experiments_dir", "es.generations", "checkpoint", "logger", "devices")
 
 
 # --- building and checking -------------------------------------------------------------------------
@@ -146,9 +160,8 @@ def _check_positive(path, value):
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Checks that need no trainer: the trainer's own fields are checked when the task is built."""
-    if cfg.experiment not in available_experiments():
-        raise ConfigError(f"experiment: unknown experiment {cfg.experiment!r}; allowed: "
-                          f"{', '.join(available_experiments())}")
+    if not cfg.experiment:
+        raise ConfigError("experiment: empty; allowed: the name of an experiment")
     _check_positive("es.generations", cfg.es.generations)
     _check_positive("fitness.num_seeds", cfg.fitness.num_seeds)
     if cfg.fitness.statistic not in STATISTICS:
@@ -167,31 +180,43 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def compose(experiment: str, overrides: list[str]) -> dict:
-    """Hydra composition of ``experiments/<experiment>.yaml`` with ``overrides``; returns a plain dict."""
+def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None) -> dict:
+    """Hydra composition of ``<experiment>.yaml`` with ``overrides``; returns a plain dict.
+
+    The shipped experiments are always on the search path; a user's ``experiments_dir`` comes first,
+    so its files are found by name and can list the shipped ``base`` (or any shipped experiment) in
+    their defaults.
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    if experiment not in available_experiments():
+    experiments_dir = check_experiments_dir(experiments_dir)
+    if experiment not in available_experiments(experiments_dir):
         raise ConfigError(f"experiment: unknown experiment {experiment!r}; allowed: "
-                          f"{', '.join(available_experiments())}")
+                          f"{', '.join(available_experiments(experiments_dir))}")
     # `++key=value` adds or overrides, so that any trainer field can be set from the command line;
     # unknown keys are refused afterwards by `build`, with the allowed names.
     forced = [o if o.startswith(("+", "~")) else "++" + o for o in overrides]
+    primary = experiments_dir or str(EXPERIMENTS_DIR)
+    if experiments_dir:
+        forced.append(f"hydra.searchpath=[{Path(EXPERIMENTS_DIR).as_uri()}]")
     try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(EXPERIMENTS_DIR), job_name="metarl"):
-            composed = hydra_compose(config_name=experiment, overrides=forced)
-            return OmegaConf.to_container(composed, resolve=True)
+        with initialize_config_dir(version_base="1.3", config_dir=primary, job_name="metarl"):
+            composed = OmegaConf.to_container(hydra_compose(config_name=experiment, overrides=forced),
+                                              resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"overrides: {first}") from None
+    composed.pop("hydra", None)
+    composed["experiments_dir"] = experiments_dir
+    return composed
 
 
-def load(experiment: str, overrides: list[str]) -> RunConfig:
-    return from_dict(compose(experiment, overrides))
+def load(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None) -> RunConfig:
+    return from_dict(compose(experiment, overrides, experiments_dir))
 
 
 def from_dict(data: dict) -> RunConfig:

@@ -4,6 +4,10 @@
     python -m metarl.evolve experiment=value_loss es.popsize=32 env=Acrobot-v1 seed=3
     python -m metarl.evolve experiment=hyperparams es.strategy=Sep_CMA_ES run_dir=checkpoints/hp
     python -m metarl.evolve resume=checkpoints/value_loss-20261122-101500 es.generations=50
+    python -m metarl.evolve experiments_dir=my_experiments experiment=my_value_loss
+
+``experiments_dir=PATH`` adds a folder of your own experiment YAMLs beside the shipped ones; they
+may list the shipped ``base`` (or any shipped experiment) in their defaults.
 
 Running the same command again with the same ``run_dir`` continues that run from its latest
 checkpoint; ``resume=RUN_DIR`` continues a run from its saved config. Bad settings exit with code 2
@@ -33,7 +37,7 @@ def split_args(argv: list[str]) -> tuple[dict, list[str]]:
         if "=" not in arg or arg.startswith("-"):
             fail(f"argument {arg!r}: expected key=value (see `python -m metarl.evolve --help`)")
         key, value = arg.split("=", 1)
-        if key in ("experiment", "resume"):
+        if key in ("experiment", "resume", "experiments_dir"):
             special[key] = value
         else:
             overrides.append(arg)
@@ -89,9 +93,10 @@ def resolve(argv: list[str]):
         return cfg, run_dir, True
 
     if "experiment" not in special:
-        fail("experiment: missing; allowed: experiment=" + "|".join(config_lib.available_experiments())
+        fail("experiment: missing; allowed: experiment=" + "|".join(
+            config_lib.available_experiments(config_lib.check_experiments_dir(special.get("experiments_dir"))))
              + " (or resume=RUN_DIR)")
-    cfg = config_lib.load(special["experiment"], overrides)
+    cfg = config_lib.load(special["experiment"], overrides, special.get("experiments_dir"))
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.experiment)
     resuming = False
     if run_dir.exists() and any(run_dir.iterdir()):

@@ -111,7 +111,7 @@ def policy_objective_plots(task, meta, out: Path) -> list[Path]:
     import jax.numpy as jnp
     import numpy as np
 
-    from inner_loops.components import CLIPPED_SURROGATE
+    from metarl.inner_loops.components import CLIPPED_SURROGATE
     from metarl import plots
 
     config = task.inner_config
@@ -138,7 +138,7 @@ def search_trajectory(run_dir: Path, cfg, task):
     from metarl.checkpoints import Checkpointer
     from metarl.results import history
     from metarl.runner import build_evolution
-    from outer_loops.evolution import search_std
+    from metarl.outer_loops.evolution import search_std
 
     stack = lambda seq: {n: np.array([float(d[n]) for d in seq]) for n in task.component.names}
     records = [r for r in history(run_dir) if "search" in r]

@@ -14,7 +14,7 @@ from metarl import checkpoints, devices
 from metarl.config import RunConfig
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task, build_task
-from outer_loops.evolution import ESConfig, Evolution
+from metarl.outer_loops.evolution import ESConfig, Evolution
 
 
 class Interrupted(Exception):

@@ -2,7 +2,7 @@
 
 Three kinds of meta-learned part (``component.kind``):
 
-- ``value_loss``: an MLP replaces PPO's value loss (``inner_loops.components.MLPValueLoss``);
+- ``value_loss``: an MLP replaces PPO's value loss (``metarl.inner_loops.components.MLPValueLoss``);
 - ``policy_objective``: a learned LPO drift replaces PPO's clipping (``LPODrift``);
 - ``hyperparams``: the inner trainer's float hyperparameters, searched in a bounded space.
 """
@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from inner_loops.components import VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
+from metarl.inner_loops.components import VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
 from metarl.config import ConfigError, RunConfig
 
 # algo name -> (module, config class); imported on use so a trainer's import cost is paid only by its runs.
 TRAINERS = {
-    "ppo": ("inner_loops.ppo", "PPOConfig"),
-    "dqn": ("inner_loops.dqn", "DQNConfig"),
-    "q_learning": ("inner_loops.q_learning", "QLearningConfig"),
+    "ppo": ("metarl.inner_loops.ppo", "PPOConfig"),
+    "dqn": ("metarl.inner_loops.dqn", "DQNConfig"),
+    "q_learning": ("metarl.inner_loops.q_learning", "QLearningConfig"),
 }
 KINDS = ("value_loss", "policy_objective", "hyperparams")
 # Seams a kind plugs into, per trainer.

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from inner_loops import envs
+from metarl.inner_loops import envs
 
 
 @struct.dataclass

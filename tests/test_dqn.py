@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from inner_loops.dqn import DQNConfig, epsilon_at, greedy_action, make_train
+from metarl.inner_loops.dqn import DQNConfig, epsilon_at, greedy_action, make_train
 
 TINY = dict(total_timesteps=400, log_interval=200, buffer_size=128, batch_size=8, hidden=(16,), learning_starts=50,
             target_update_period=10, unroll=1)
@@ -104,8 +104,8 @@ def test_reaches_200_on_cartpole_over_four_seeds_within_1e5_steps():
 
 
 def test_flat_mlp_matches_flax_and_autodiff():
-    from inner_loops.dqn import QNetwork
-    from inner_loops.flat_mlp import FlatMLP, adam_init, adam_step
+    from metarl.inner_loops.dqn import QNetwork
+    from metarl.inner_loops.flat_mlp import FlatMLP, adam_init, adam_step
     import optax
 
     net, mlp = QNetwork(hidden=(16, 8), num_actions=3), FlatMLP((5, 16, 8, 3))

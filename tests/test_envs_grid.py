@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from inner_loops.envs import make
-from inner_loops.envs.doors import AGENT, EMPTY, GOAL, WALL
-from inner_loops.envs.gridworld import EnvState as GridState
+from metarl.inner_loops.envs import make
+from metarl.inner_loops.envs.doors import AGENT, EMPTY, GOAL, WALL
+from metarl.inner_loops.envs.gridworld import EnvState as GridState
 
 RIGHT, DOWN, LEFT, UP = 0, 1, 2, 3
 D_STAY, D_RIGHT, D_DOWN, D_LEFT, D_UP = 0, 1, 2, 3, 4
@@ -101,7 +101,7 @@ def test_gridworld_time_limit_truncates():
 
 
 def _doors_state(row, col, time=0):
-    from inner_loops.envs.doors import EnvState
+    from metarl.inner_loops.envs.doors import EnvState
 
     return EnvState(row=jnp.int32(row), col=jnp.int32(col), time=jnp.int32(time))
 

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from outer_loops.evolution import STRATEGIES, ESConfig, Evolution, replace_nonfinite
+from metarl.outer_loops.evolution import STRATEGIES, ESConfig, Evolution, replace_nonfinite
 
 TARGET = {"w": jnp.array([1.0, -2.0, 0.5]), "b": jnp.array(1.5)}
 TEMPLATE = jax.tree.map(jnp.zeros_like, TARGET)

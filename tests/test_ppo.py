@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import probe_envs  # noqa: F401  (registers the Probe-* environments)
-from inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, LPODrift, MLPValueLoss
-from inner_loops.ppo import Batch, PPOConfig, compute_gae, make_agent, make_train, ppo_loss
+from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, LPODrift, MLPValueLoss
+from metarl.inner_loops.ppo import Batch, PPOConfig, compute_gae, make_agent, make_train, ppo_loss
 
 TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=2, num_minibatches=2)
 
@@ -44,7 +44,7 @@ def _learned_values(env, obs_values, gamma, **kw):
                     clip_value_loss=False, **kw)
     params, _ = jax.jit(make_train(cfg))(jax.random.key(0))
     _, _, network = make_agent(cfg)
-    from inner_loops.networks import ActorCritic
+    from metarl.inner_loops.networks import ActorCritic
     obs = jnp.array(obs_values, jnp.float32)[:, None]
     return np.asarray(network.apply(params, obs, method=ActorCritic.value))
 

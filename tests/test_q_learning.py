@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from inner_loops.q_learning import QLearningConfig, build_tables, greedy_path, make_train
-from inner_loops.envs import make
+from metarl.inner_loops.q_learning import QLearningConfig, build_tables, greedy_path, make_train
+from metarl.inner_loops.envs import make
 
 GAMMA = 0.9
 START_VALUE = GAMMA**17 / (1 - GAMMA**18)  # 0.196: reward 1 every 18 steps, forever

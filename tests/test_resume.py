@@ -135,7 +135,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, straight_six):
 
 @pytest.mark.timeout(600)
 def test_exported_best_loads_into_a_fresh_ppo_training(straight_six):
-    from inner_loops.ppo import make_train
+    from metarl.inner_loops.ppo import make_train
     from metarl.results import load_best
 
     best = load_best(straight_six)

@@ -61,7 +61,7 @@ def step_auto_reset(env: Any) -> Callable:
 
 def _register_builtin() -> None:
     # Imported here, after `register` exists, because each module registers itself on import.
-    from inner_loops.envs import doors, gridworld  # noqa: F401
+    from metarl.inner_loops.envs import doors, gridworld  # noqa: F401
 
 
 _register_builtin()

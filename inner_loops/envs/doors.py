@@ -10,7 +10,7 @@ empty, agent, wall, goal, ready for a network (flatten it for an MLP).
 
 Usage::
 
-    from inner_loops.envs import make
+    from metarl.inner_loops.envs import make
     env, params = make("Doors")                        # or make("Doors", max_steps_in_episode=50)
     obs, state = env.reset(key, params)                # obs: (15, 15, 4) float32
     obs, state, reward, terminated, truncated, info = env.step(key, state, 1, params)
@@ -25,7 +25,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from inner_loops.envs import register
+from metarl.inner_loops.envs import register
 
 # Channels of the one-hot observation.
 EMPTY, AGENT, WALL, GOAL = 0, 1, 2, 3

@@ -12,7 +12,7 @@ The observation is ``(row, col)`` int32; tabular learners use ``state_index`` / 
 
 Usage::
 
-    from inner_loops.envs import make
+    from metarl.inner_loops.envs import make
     env, params = make("GridWorld")                    # 8 x 12, continuing
     env, params = make("GridWorld", size=5, continuing=False)   # 5 x 5, episodic
     obs, state = env.reset(key, params)
@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from inner_loops.envs import register
+from metarl.inner_loops.envs import register
 
 # Row and column offsets of the actions right, down, left, up.
 _ROW_DELTA = (0, 1, 0, -1)
