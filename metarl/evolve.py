@@ -141,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg, run_dir, resuming = resolve(argv)
         from metarl import devices
 
-        local_launch = devices.needs_local_launch(cfg.devices)
+        local_launch = devices.needs_local_launch(cfg.devices, cfg.es.popsize)
         if not local_launch:
-            devices.setup(cfg.devices)  # before any JAX computation
+            devices.setup(cfg.devices, cfg.es.popsize)  # before any JAX computation
         from metarl.runner import Interrupted, es_config, run
         from metarl.tasks import build_task
 
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         es_config(cfg).validate()
         build_task(cfg)
         if local_launch:
-            num_processes = devices.distributed_settings(cfg.devices)[0]
+            num_processes = devices.distributed_settings(cfg.devices, cfg.es.popsize)[0]
             devices.check_divides(cfg.es.popsize, num_processes)  # one CPU device per process
         else:
             devices.population_mesh(cfg.es.popsize)
