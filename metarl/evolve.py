@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(cfg, run_dir)
     except Interrupted as stop:
-        print(f"stopped by {signal.Signals(stop.signum).name} after generation {stop.generation}; checkpoint "
-              f"saved. Continue with: python -m metarl.evolve resume={run_dir}", file=sys.stderr, flush=True)
+        if jax.process_index() == 0:  # every process stops after the same generation; one says so
+            print(f"stopped by {signal.Signals(stop.signum).name} after generation {stop.generation}; checkpoint "
+                  f"saved. Continue with: python -m metarl.evolve resume={run_dir}", file=sys.stderr, flush=True)
         return 128 + stop.signum
     except CheckpointError as err:
         fail(str(err), code=1)
