@@ -36,7 +36,14 @@ from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
 from metarl.inner_loops.config_checks import static as _static
-from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, Component
+from metarl.inner_loops.components import (
+    CLIPPED_SURROGATE,
+    L2_VALUE_LOSS,
+    Component,
+    Progress,
+    apply_component,
+    training_progress,
+)
 from metarl.inner_loops.networks import (
     ACTIVATIONS,
     ActorCritic,
@@ -159,8 +166,11 @@ def compute_gae(rewards, values, dones, last_value, gamma, gae_lambda, unroll: i
 
 
 def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,
-             value_loss: Component, policy_objective: Component, continuous: bool):
-    """PPO's loss on a minibatch; returns ``(loss, (value_loss, policy_loss, entropy, approx_kl))``."""
+             value_loss: Component, policy_objective: Component, continuous: bool,
+             progress: Progress | None = None):
+    """PPO's loss on a minibatch; returns ``(loss, (value_loss, policy_loss, entropy, approx_kl))``.
+
+    ``progress`` (the agent's training progress) reaches components that declare ``temporal = True``."""
     (pi_out, log_std), value = apply_fn(params, batch.obs)
     if continuous:
         log_prob = gaussian_log_prob(pi_out, log_std, batch.action)
@@ -169,14 +179,16 @@ def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,
         log_prob = categorical_log_prob(pi_out, batch.action)
         entropy = categorical_entropy(pi_out)
 
-    v_loss = value_loss.apply(_meta(meta_params, "value_loss"), value, batch.value, batch.target, config).mean()
+    v_loss = apply_component(value_loss, progress, _meta(meta_params, "value_loss"), value, batch.value,
+                             batch.target, config).mean()
 
     log_ratio = log_prob - batch.log_prob
     ratio = jnp.exp(log_ratio)
     adv = batch.advantage
     if config.normalize_advantages:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    objective = policy_objective.apply(_meta(meta_params, "policy_objective"), ratio, adv, config)
+    objective = apply_component(policy_objective, progress, _meta(meta_params, "policy_objective"), ratio, adv,
+                                config)
     pg_loss = -objective.mean()
     ent = entropy.mean()
     total = pg_loss + config.vf_coef * v_loss - config.ent_coef * ent
@@ -241,13 +253,15 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                          optax.adam(lr_schedule, eps=1e-5))
         opt_state = tx.init(params)
 
-        def loss_fn(p, mb):
+        def loss_fn(p, mb, progress):
             return ppo_loss(p, network.apply, mb, config, meta_params, value_loss, policy_objective,
-                            continuous)
+                            continuous, progress)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-        def update(carry, key):
+        def update(carry, xs):
+            key, i_update = xs
             params, opt_state, env_state, obs, ep_return, last_mean = carry
+            progress = training_progress(i_update, n_updates)
             k_act, k_env, k_perm, k_reset = jax.random.split(key, 4)
             # Every random number of the rollout in two draws, not two per step.
             if continuous:
@@ -303,7 +317,7 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
 
                 def minibatch(c, mb):
                     params, opt_state = c
-                    (_, aux), grads = grad_fn(params, mb)
+                    (_, aux), grads = grad_fn(params, mb, progress)
                     updates, opt_state = tx.update(grads, opt_state, params)
                     return (optax.apply_updates(params, updates), opt_state), aux
 
@@ -319,7 +333,8 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             return (params, opt_state, env_state, obs, ep_return, mean_return), metrics
 
         carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()))
-        carry, metrics = jax.lax.scan(update, carry, jax.random.split(k_run, n_updates))
+        carry, metrics = jax.lax.scan(update, carry, (jax.random.split(k_run, n_updates),
+                                                      jnp.arange(n_updates, dtype=jnp.int32)))
         return carry[0], metrics
 
     return train

@@ -1,13 +1,19 @@
-"""``python -m metarl.evaluate RUN_DIR [env=ID] [num_seeds=32] [total_timesteps=N] [num_processes=auto]``:
-the learned component against the hand-designed baseline on fresh seeds.
+"""``python -m metarl.evaluate RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_processes=auto]``:
+the learned component against the hand-designed baseline on fresh seeds, on the tasks the run trained
+on and on its held-out ``eval_tasks`` (or on ``tasks=[...]``, or on one ``env``/``total_timesteps``).
 
-Trains ``num_seeds`` agents with the run's best exported meta-parameters and as many with the baseline
-(L2 value loss / PPO's clipped objective / the trainer's config unchanged for a hyperparameter search),
-each side in one vmapped, jitted call, on the run's environment or on ``env`` (the learned component
-or hyperparameters applied there as they are). Prints mean and 95% t-interval of the final return (mean
-episode return over the last 10% of updates) per side, Welch's t-test and a Mann-Whitney U test of the
-difference; writes RUN_DIR/evaluation[_ENV][_FRAMES].json and RUN_DIR/figures/evaluation[_ENV][_FRAMES].png
-(the suffixes appear when env or total_timesteps is given). On a CPU the agents are split over one
+Prints one table (task, trained-on or held-out, learned and baseline mean with 95% CIs, the learned
+side's normalised score, Welch's p) and, per split, rliable's interquartile mean of the normalised
+scores with stratified-bootstrap CIs and the probability of improvement. A normalised score is
+(R - random policy) / (baseline mean - random policy) on that task, so the baseline scores 1.
+
+Per task it trains ``num_seeds`` agents with the run's best exported meta-parameters and as many with
+the baseline (L2 value loss / PPO's clipped objective / the trainer's config unchanged for a
+hyperparameter search), each side in one vmapped, jitted call (the learned component or
+hyperparameters applied as they are), plus a random policy. The final return is the mean episode
+return over the last 10% of updates; the JSON also holds Mann-Whitney U tests. Writes
+RUN_DIR/evaluation[SUFFIX].json and RUN_DIR/figures/evaluation[SUFFIX]*.png (a suffix names env,
+total_timesteps or a tasks list, so evaluations at other settings never overwrite each other). On a CPU the agents are split over one
 process per usable core (``num_processes=auto``, the default; ``num_processes=1`` keeps one).
 
 Seeds: agent i trains from ``fold_in(key(10_000), i)``. Evolution draws every key by ``split`` from
@@ -99,51 +105,71 @@ def side_labels(task) -> list[str]:
     return [f"learned {task.kind}", baseline_label(task)]
 
 
-def _load(run_dir: Path, env: str | None, total_timesteps: int | None):
-    """The run's config with ``env``/``total_timesteps`` applied, its task, best meta-params and info."""
+def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None):
+    """The run's config, the evaluation's task (every task it evaluates, in order), which of them the
+    run trained on, its best meta-params and their info.
+
+    Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task; else the run's own
+    tasks followed by its held-out ``eval_tasks``."""
     from flax import serialization
 
     from metarl import checkpoints, results
     from metarl.config import ConfigError
-    from metarl.tasks import build_task
+    from metarl.tasks import TaskSpec, build_task, task_specs
 
     try:
         cfg = results.load_config(run_dir)
-        run_env = cfg.env
-        inner = dict(cfg.inner)
-        if total_timesteps is not None:
-            inner["total_timesteps"] = total_timesteps
-        cfg = dataclasses.replace(cfg, env=env or cfg.env, inner=inner)
-        task = build_task(cfg)
+        trained = task_specs(cfg)
+        if tasks is not None:
+            specs = task_specs(dataclasses.replace(cfg, tasks=tasks))
+        elif env is not None or total_timesteps is not None:
+            base = trained[0]
+            inner = dict(base.inner)
+            if total_timesteps is not None:
+                inner["total_timesteps"] = total_timesteps
+            name = (env or base.env) + (f"[total_timesteps={total_timesteps}]" if total_timesteps else "")
+            specs = [TaskSpec(name, env or base.env, inner, "env")]
+        else:
+            specs = trained + task_specs(cfg, "eval_tasks")
+        task = build_task(cfg, specs)
         raw, info = checkpoints.read_best(run_dir)
         meta = serialization.from_state_dict(task.template, raw)
     except (ConfigError, checkpoints.CheckpointError) as err:
         fail(str(err))
-    return cfg, run_env, task, meta, info
+    trained_keys = {_spec_key(s) for s in trained}
+    on_train = [_spec_key(s) in trained_keys for s in specs]
+    return cfg, task, on_train, meta, info
+
+
+def _spec_key(spec) -> tuple:
+    return spec.env, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
 
 
 def _train_sides(task, meta, keys):
-    """Learning curves ``(seeds, updates)`` of the learned side and the baseline on ``keys``, each side
-    one vmapped, jitted call; returns (curves, run seconds, compile seconds)."""
+    """Per task, learning curves ``(seeds, updates)`` of the learned side and of the baseline on
+    ``keys`` (each one vmapped, jitted call), and the random policy's return per seed; returns
+    ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds)."""
     import jax
 
-    from metarl.tasks import trainer_module
+    from metarl.inner_loops.envs import random_policy_return
 
-    module, _ = trainer_module(task.algo)
     learned, baseline = side_labels(task)
-    sides = {learned: task.make_train(meta), baseline: module.make_train(task.inner_config)}
-    # Trace both sides, then compile them side by side (XLA compiles outside the GIL) and run them.
+    programs = {}
+    for i, spec in enumerate(task.specs):
+        programs[(spec.name, learned)] = lambda k, i=i: task.make_train(meta, i)(k)[1]["episode_return"]
+        programs[(spec.name, baseline)] = lambda k, i=i: task.baselines[i](k)[1]["episode_return"]
+        programs[(spec.name, "random")] = lambda k, env=spec.env: random_policy_return(env, k)
+    # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
     t = time.perf_counter()
-    lowered = {label: jax.jit(jax.vmap(lambda k, train=train: train(k)[1]["episode_return"])).lower(keys)
-               for label, train in sides.items()}
-    with ThreadPoolExecutor(len(lowered)) as pool:
+    lowered = {key: jax.jit(jax.vmap(fn)).lower(keys) for key, fn in programs.items()}
+    with ThreadPoolExecutor(min(4, len(lowered))) as pool:
         compiled = dict(zip(lowered, pool.map(lambda low: low.compile(), lowered.values())))
     compile_s = time.perf_counter() - t
-    curves, seconds = {}, {}
-    for label, run in compiled.items():
+    curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
+    for (name, side), run in compiled.items():
         t = time.perf_counter()
-        curves[label] = np.asarray(jax.device_get(run(keys)), dtype=float)   # (seeds, updates)
-        seconds[label] = time.perf_counter() - t
+        curves[name][side] = np.asarray(jax.device_get(run(keys)), dtype=float)   # (seeds, updates) or (seeds,)
+        seconds[name][side] = time.perf_counter() - t
     return curves, seconds, compile_s
 
 
@@ -162,19 +188,19 @@ def _process_count(num_processes, num_seeds: int) -> int:
 
 
 def _worker(job):
-    """One process's share: agents ``start:stop`` of both sides, pinned to its own cores."""
-    run_dir, env, total_timesteps, run_seed, num_seeds, start, stop, cores = job
+    """One process's share: agents ``start:stop`` of every task and side, pinned to its own cores."""
+    run_dir, env, total_timesteps, tasks, num_seeds, start, stop, cores = job
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)  # before JAX starts XLA's thread pool in this fresh process
     from metarl import devices
 
     devices.enable_compilation_cache()
-    _, _, task, meta, _ = _load(Path(run_dir), env, total_timesteps)
-    _, keys = eval_keys(run_seed, num_seeds)
+    cfg, task, _, meta, _ = _load(Path(run_dir), env, total_timesteps, tasks)
+    _, keys = eval_keys(cfg.seed, num_seeds)
     return _train_sides(task, meta, keys[start:stop])
 
 
-def _train_sides_in_processes(processes, run_dir, env, total_timesteps, run_seed, num_seeds):
+def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, num_seeds):
     """The agents split into ``processes`` contiguous blocks, one fresh process each, pinned to its own
     cores: on a CPU one process gets about one core's worth of these small kernels. Agent i still trains
     from key i, so the results do not depend on the split."""
@@ -183,85 +209,160 @@ def _train_sides_in_processes(processes, run_dir, env, total_timesteps, run_seed
     from metarl.launch import core_sets
 
     bounds = np.linspace(0, num_seeds, processes + 1).round().astype(int)
-    jobs = [(str(run_dir), env, total_timesteps, run_seed, num_seeds, int(a), int(b), cores)
+    jobs = [(str(run_dir), env, total_timesteps, tasks, num_seeds, int(a), int(b), cores)
             for (a, b), cores in zip(zip(bounds[:-1], bounds[1:]), core_sets(processes))]
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         parts = pool.map(_worker, jobs)
-    labels = list(parts[0][0])
-    curves = {label: np.concatenate([p[0][label] for p in parts]) for label in labels}
-    seconds = {label: max(p[1][label] for p in parts) for label in labels}
+    curves = {name: {side: np.concatenate([p[0][name][side] for p in parts]) for side in sides}
+              for name, sides in parts[0][0].items()}
+    seconds = {name: {side: max(p[1][name][side] for p in parts) for side in sides}
+               for name, sides in parts[0][1].items()}
     return curves, seconds, max(p[2] for p in parts)
 
 
+def normalized_scores(final: np.ndarray, baseline_mean: float, random_mean: float) -> np.ndarray:
+    """(R - random) / (baseline - random), with the same positive scale rule as the fitness."""
+    from metarl import scores
+
+    span = scores.spans({"base": [baseline_mean], "low": [random_mean]})[0]
+    return (np.asarray(final, float) - random_mean) / float(span)
+
+
+def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> dict:
+    """rliable's interquartile mean of the normalised scores (seeds x tasks) per side, with stratified
+    bootstrap 95% CIs, and the probability that the learned side improves on the baseline."""
+    import warnings
+
+    rng_state = np.random.RandomState(0)  # the bootstrap is seeded: the same scores give the same CIs
+    with warnings.catch_warnings():  # rliable hands arch a RandomState, which arch 7 calls deprecated
+        warnings.simplefilter("ignore", FutureWarning)
+        return _aggregate(learned, baseline, reps, rng_state)
+
+
+def _aggregate(learned, baseline, reps, rng_state) -> dict:
+    from rliable import library as rly
+    from rliable import metrics
+
+    point, interval = rly.get_interval_estimates(
+        {"learned": learned, "baseline": baseline}, lambda x: np.array([metrics.aggregate_iqm(x)]),
+        reps=reps, random_state=rng_state)
+    p_point, p_interval = rly.get_interval_estimates(
+        {"p": (learned, baseline)}, metrics.probability_of_improvement, reps=reps, random_state=rng_state)
+    return {"tasks": int(learned.shape[1]),
+            "iqm_learned": float(point["learned"][0]), "iqm_learned_ci95": [float(v) for v in interval["learned"][:, 0]],
+            "iqm_baseline": float(point["baseline"][0]),
+            "iqm_baseline_ci95": [float(v) for v in interval["baseline"][:, 0]],
+            "probability_of_improvement": float(p_point["p"]),
+            "probability_of_improvement_ci95": [float(v) for v in np.ravel(p_interval["p"])]}
+
+
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
-             total_timesteps: int | None = None, num_processes: int | str = "auto") -> dict:
+             total_timesteps: int | None = None, num_processes: int | str = "auto",
+             tasks: list | None = None) -> dict:
     from metarl import plots
 
     run_dir = Path(run_dir)
-    cfg, run_env, task, meta, info = _load(run_dir, env, total_timesteps)
+    cfg, task, on_train, meta, info = _load(run_dir, env, total_timesteps, tasks)
     root, keys = eval_keys(cfg.seed, num_seeds)
     processes = _process_count(num_processes, num_seeds)
     if processes == 1:
         curves, seconds, compile_s = _train_sides(task, meta, keys)
     else:
-        curves, seconds, compile_s = _train_sides_in_processes(processes, run_dir, env, total_timesteps,
-                                                               cfg.seed, num_seeds)
+        curves, seconds, compile_s = _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks,
+                                                               num_seeds)
 
     learned_label, baseline_lbl = side_labels(task)
-    finals = {label: final_return(c) for label, c in curves.items()}
+    rows, normalized = [], {True: ([], []), False: ([], [])}
+    for spec, inner, trained in zip(task.specs, task.inner_configs, on_train):
+        c = curves[spec.name]
+        finals = {label: final_return(c[label]) for label in (learned_label, baseline_lbl)}
+        base_mean = float(np.nanmean(finals[baseline_lbl]))
+        random_mean = float(np.mean(c["random"]))
+        norm = {label: normalized_scores(f, base_mean, random_mean) for label, f in finals.items()}
+        normalized[trained][0].append(norm[learned_label])
+        normalized[trained][1].append(norm[baseline_lbl])
+        rows.append({"task": spec.name, "env": spec.env, "split": "trained-on" if trained else "held-out",
+                     "total_timesteps": int(getattr(inner, "total_timesteps", 0)),
+                     "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]}
+                               for label, f in finals.items()},
+                     "random_return": random_mean,
+                     "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
+                     "normalized_ci95": {label: [float(b) for b in t_interval(v)] for label, v in norm.items()},
+                     "test": compare(finals[learned_label], finals[baseline_lbl])})
+    aggregates = {}
+    for trained, name in ((False, "held-out"), (True, "trained-on")):
+        learned_scores, baseline_scores = normalized[trained]
+        if learned_scores:
+            aggregates[name] = aggregate(np.stack(learned_scores, axis=1), np.stack(baseline_scores, axis=1))
+
     report = {
-        "run_dir": str(run_dir), "kind": task.kind, "env": cfg.env, "trained_env": run_env,
-        "num_seeds": num_seeds, "processes": processes, "total_timesteps": int(task.frames_per_eval),
-        "key_root": root,
+        "run_dir": str(run_dir), "kind": task.kind, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
+        "num_seeds": num_seeds, "processes": processes, "key_root": root,
         "best_generation": info.get("generation"), "best_fitness": info.get("fitness"),
         "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
-        "sides": {label: {**summarise(f), "seconds": seconds[label]} for label, f in finals.items()},
-        "compile_seconds": compile_s,
-        "test": compare(finals[learned_label], finals[baseline_lbl]),
+        "normalized": "(R - random policy) / (baseline mean - random policy), per task",
+        "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
     }
     if task.kind == "hyperparams":
         report["learned_values"] = {k: float(v) for k, v in task.component.decode(meta).items()}
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in task.component.names}
 
-    # One file per (env, budget), so evaluations at other settings never overwrite each other.
-    suffix = "" if cfg.env == run_env else f"_{cfg.env}"
-    if total_timesteps is not None:
-        suffix += f"_{int(task.frames_per_eval)}"
-    n_updates = next(iter(curves.values())).shape[1]
-    frames = np.arange(1, n_updates + 1) * (task.frames_per_eval / n_updates)
-    fig = plots.learning_curves_figure(
-        frames, curves, lambda c: t_interval(c, axis=0),
-        f"{task.kind} on {cfg.env}: mean and 95% CI over {num_seeds} fresh seeds")
-    report["figure"] = str(plots.save(fig, run_dir / FIGURES / f"evaluation{suffix}.png"))
+    suffix = _suffix(env, total_timesteps, tasks, task)
+    for i, (spec, row) in enumerate(zip(task.specs, rows)):
+        n_updates = curves[spec.name][learned_label].shape[1]
+        frames = np.arange(1, n_updates + 1) * (row["total_timesteps"] / n_updates)
+        sides = {label: curves[spec.name][label] for label in (learned_label, baseline_lbl)}
+        fig = plots.learning_curves_figure(
+            frames, sides, lambda c: t_interval(c, axis=0),
+            f"{task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {num_seeds} fresh seeds")
+        name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
+        row["figure"] = str(plots.save(fig, run_dir / FIGURES / name))
+    if len(rows) > 1:
+        fig = plots.task_scores_figure(rows, aggregates, learned_label, baseline_lbl)
+        report["figure"] = str(plots.save(fig, run_dir / FIGURES / f"evaluation{suffix}.png"))
+    else:
+        report["figure"] = rows[0]["figure"]
     path = run_dir / f"evaluation{suffix}.json"
     path.write_text(json.dumps(report, indent=2))
     report["json"] = str(path)
     return report
 
 
+def _suffix(env, total_timesteps, tasks, task) -> str:
+    """One output per evaluation setting, so evaluations at other settings never overwrite each other:
+    no suffix for the run's own tasks, ``_ENV``/``_FRAMES`` for ``env``/``total_timesteps``, and a short
+    digest of the task names for a ``tasks`` list."""
+    if tasks is not None:
+        import hashlib
+
+        return "_tasks-" + hashlib.sha1("|".join(task.names).encode()).hexdigest()[:8]
+    suffix = f"_{env}" if env else ""
+    if total_timesteps is not None:
+        suffix += f"_{int(task.frames_per_eval)}"
+    return suffix
+
+
 def format_report(report: dict) -> str:
-    lines = [f"{report['kind']} from {report['run_dir']} (best of generation {report['best_generation']}) "
-             f"on {report['env']}: {report['num_seeds']} fresh seeds (fold_in(key({report['key_root']}), i)), "
-             f"{report['total_timesteps']:,} frames each",
-             f"final return = {report['statistic']}", ""]
-    width = max(len(label) for label in report["sides"]) + 2
-    lines.append(f"{'side':<{width}}{'mean':>10}  {'95% CI':<22}{'std':>9}{'n':>5}")
-    for label, s in report["sides"].items():
-        ci = f"[{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]"
-        extra = f"  ({s['nonfinite']} diverged, left out)" if s["nonfinite"] else ""
-        lines.append(f"{label:<{width}}{s['mean']:>10.2f}  {ci:<22}{s['std']:>9.2f}{s['n']:>5}{extra}")
-    t = report["test"]
-    lines += ["", f"difference learned - baseline: {t['difference']:+.2f}",
-              f"Welch's t = {t['welch_t']:.3f} (df {t['welch_df']:.1f}), p = {t['welch_p']:.3g}",
-              f"Mann-Whitney U = {t['mannwhitney_u']:.1f}, p = {t['mannwhitney_p']:.3g}"]
-    if not math.isfinite(t["welch_p"]):
-        verdict = "Welch's test undefined (no variance on either side)"
-    elif t["winner"] == "tie":
-        verdict = "no difference in means"
-    else:
-        verdict = (f"{t['winner']} wins; " + ("significant" if t["significant"] else "not significant")
-                   + f" at {t['alpha']} (Welch)")
-    lines.append(verdict)
+    lines = [f"{report['kind']} from {report['run_dir']} (best of generation {report['best_generation']}): "
+             f"{report['num_seeds']} fresh seeds per side and task (fold_in(key({report['key_root']}), i))",
+             f"final return = {report['statistic']}; normalised = {report['normalized']}", ""]
+    learned, baseline = list(report["tasks"][0]["sides"])
+    width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
+    lines.append(f"{'task':<{width}}{'split':<12}{'learned [95% CI]':<28}{'baseline [95% CI]':<28}"
+                 f"{'normalised':>11}{'p (Welch)':>11}")
+    for r in report["tasks"]:
+        cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (
+            f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
+        lines.append(f"{r['task']:<{width}}{r['split']:<12}{cell(r['sides'][learned]):<28}"
+                     f"{cell(r['sides'][baseline]):<28}{r['normalized'][learned]:>11.3f}{r['test']['welch_p']:>11.3g}")
+    lines.append("")
+    for name, a in report["aggregate"].items():
+        ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"
+        lines.append(f"{name} ({a['tasks']} task(s)): IQM of normalised scores learned {a['iqm_learned']:.3f} "
+                     f"{ci(a['iqm_learned_ci95'])} vs baseline {a['iqm_baseline']:.3f} {ci(a['iqm_baseline_ci95'])}; "
+                     f"P(learned > baseline) = {a['probability_of_improvement']:.3f} "
+                     f"{ci(a['probability_of_improvement_ci95'])}")
+    lines.append(f"({learned} vs {baseline}; stratified bootstrap CIs from rliable)")
     if "learned_values" in report:
         lines.append("hyperparameters (learned | baseline): " + ", ".join(
             f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))
@@ -280,15 +381,30 @@ def _processes_arg(value: str):
 _processes_arg.expected = "positive integer or auto"
 
 
+def _tasks_arg(value: str) -> list:
+    import yaml
+
+    tasks = yaml.safe_load(value)
+    if not isinstance(tasks, list) or not tasks:
+        raise ValueError(value)
+    return tasks
+
+
+_tasks_arg.expected = "non-empty list such as [CartPole-v1,Acrobot-v1]"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, opts = parse_args(argv, {"env": (str, None), "num_seeds": (int, 32), "total_timesteps": (int, None),
-                                      "num_processes": (_processes_arg, "auto")})
+                                      "num_processes": (_processes_arg, "auto"), "tasks": (_tasks_arg, None)})
+    if opts["tasks"] is not None and (opts["env"] or opts["total_timesteps"]):
+        fail("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
     if opts["num_seeds"] < 2:
         fail(f"num_seeds: {opts['num_seeds']}; allowed: >= 2 (a confidence interval needs two)")
     if opts["total_timesteps"] is not None and opts["total_timesteps"] <= 0:
         fail(f"total_timesteps: {opts['total_timesteps']}; allowed: > 0")
-    report = evaluate(run_dir, opts["env"], opts["num_seeds"], opts["total_timesteps"], opts["num_processes"])
+    report = evaluate(run_dir, opts["env"], opts["num_seeds"], opts["total_timesteps"], opts["num_processes"],
+                      opts["tasks"])
     print(format_report(report))
     return 0
 

@@ -1,9 +1,12 @@
 """``python -m metarl.inspect RUN_DIR [error_range=5]``: figures of a run, written to RUN_DIR/figures/.
 
     fitness.png             best, mean and population quantiles per generation (every experiment)
+    fitness_tasks.png       per task: the population's mean return and the best member's (several tasks)
     value_loss.png          the learned value loss and its gradient beside L2 (value_loss)
     value_loss_<input>.png  heatmap over the error and each further input, the rest fixed at 0 (value_loss)
-    policy_objective.png    the learned drift and objective beside PPO's clipping over (r, A) (policy_objective)
+    value_loss_progress.png the loss and its gradient at several points of training (a temporal value loss)
+    policy_objective.png    the learned drift and objective beside PPO's clipping over (r, A) (policy_objective);
+                            a temporal drift: policy_objective_progressPPP.png at PPP% of training
     hyperparams.png         the search mean and spread of each hyperparameter per checkpoint (hyperparams)
 
 Works on a finished run, a run still going (the metrics and checkpoints so far) and a run directory
@@ -52,8 +55,13 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     if not history:
         print(f"note: {run_dir} has no finished generation yet; no fitness plot", file=sys.stderr)
         return []
-    title = f"{cfg.experiment} on {cfg.env}: {len(history)}/{cfg.es.generations} generations, popsize {cfg.es.popsize}"
-    return [plots.save(plots.fitness_figure(history, title), out / "fitness.png")]
+    names = list(history[-1].get("tasks", {}))
+    where = cfg.env if len(names) <= 1 else f"{len(names)} tasks"
+    title = f"{cfg.experiment} on {where}: {len(history)}/{cfg.es.generations} generations, popsize {cfg.es.popsize}"
+    paths = [plots.save(plots.fitness_figure(history, title), out / "fitness.png")]
+    if len(names) > 1:
+        paths.append(plots.save(plots.task_fitness_figure(history, names), out / "fitness_tasks.png"))
+    return paths
 
 
 def _best_or_none(run_dir: Path, task):
@@ -75,12 +83,16 @@ def value_loss_plots(task, meta, info, out: Path, error_range: float) -> list[Pa
 
     from metarl import plots
 
+    from metarl.inner_loops.components import TEMPORAL_INPUTS, apply_component
+
     comp = task.component
     fixed = f"best meta-parameters of generation {info.get('generation')} (fitness {info.get('fitness', float('nan')):.4g})"
-    extra = [i for i in comp.inputs if i != "error"]
+    extra = [i for i in comp.inputs if i not in ("error", *TEMPORAL_INPUTS)]
+    progress_of = _progress_at(task)
 
-    def loss_at(value, old_error, target):
-        return comp.apply(meta, value, target + old_error, target, task.inner_config)
+    def loss_at(value, old_error, target, fraction=0.0):
+        return apply_component(comp, progress_of(fraction), meta, value, target + old_error, target,
+                               task.inner_config)
 
     # Gradient w.r.t. the prediction only: target and the old prediction are data.
     grad_fn = jax.vmap(jax.grad(loss_at))
@@ -88,8 +100,15 @@ def value_loss_plots(task, meta, info, out: Path, error_range: float) -> list[Pa
     zeros = jnp.zeros_like(errors)
     loss = np.asarray(jax.vmap(loss_at)(errors, zeros, zeros))
     grad = np.asarray(grad_fn(errors, zeros, zeros))
-    note = fixed + (f"; {', '.join(extra)} fixed at 0" if extra else "")
+    note = fixed + (f"; {', '.join(extra)} fixed at 0" if extra else "") + (
+        "; at the start of training" if getattr(comp, "temporal", False) else "")
     paths = [plots.save(plots.value_loss_figure(np.asarray(errors), loss, grad, note), out / "value_loss.png")]
+    if getattr(comp, "temporal", False):
+        losses = {f: np.asarray(jax.vmap(lambda e, f=f: loss_at(e, 0.0, 0.0, f))(errors)) for f in PROGRESS_POINTS}
+        grads = {f: np.asarray(jax.vmap(jax.grad(lambda e, f=f: loss_at(e, 0.0, 0.0, f)))(errors))
+                 for f in PROGRESS_POINTS}
+        fig = plots.value_loss_progress_figure(np.asarray(errors), losses, grads, fixed + progress_of.note)
+        paths.append(plots.save(fig, out / "value_loss_progress.png"))
 
     errors = jnp.linspace(-error_range, error_range, 121)
     for name in extra:
@@ -119,11 +138,40 @@ def policy_objective_plots(task, meta, out: Path) -> list[Path]:
     ratios = jnp.linspace(0.5, 1.5, 101)
     advantages = jnp.linspace(-2.0, 2.0, 81)
     r, a = jnp.meshgrid(ratios, advantages)
-    drift = np.asarray(task.component.drift(meta, r, a, config))
     ppo_drift = np.asarray(r * a - CLIPPED_SURROGATE.apply({}, r, a, config))
-    fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
-                                        float(config.clip_eps))
-    return [plots.save(fig, out / "policy_objective.png")]
+    progress_of = _progress_at(task)
+    temporal = getattr(task.component, "temporal", False)
+    paths = []
+    # A temporal drift is drawn at several points of training; a plain one once.
+    for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
+        progress = progress_of(fraction) if temporal else None
+        drift = np.asarray(task.component.drift(meta, r, a, config, progress))
+        fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
+                                            float(config.clip_eps))
+        if temporal:
+            fig.suptitle(f"training progress {fraction:.0%}" + progress_of.note, fontsize=9)
+        name = f"policy_objective_progress{int(round(fraction * 100)):03d}.png" if temporal else "policy_objective.png"
+        paths.append(plots.save(fig, out / name))
+    return paths
+
+
+PROGRESS_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _progress_at(task):
+    """``fraction -> Progress`` on the first task's horizon (its number of updates), with a note."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from metarl.inner_loops.components import Progress
+
+    updates = int(getattr(task.inner_config, "num_updates", 1))
+
+    def progress_of(fraction):
+        return Progress(jnp.float32(fraction), jnp.float32(np.log(updates)))
+
+    progress_of.note = f"; horizon {updates} updates ({task.specs[0].name})"
+    return progress_of
 
 
 def search_trajectory(run_dir: Path, cfg, task):

@@ -114,6 +114,35 @@ def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fi
     return fig
 
 
+def value_loss_progress_figure(errors: np.ndarray, losses: dict, grads: dict, fixed: str = "") -> Figure:
+    """A temporal value loss at several points of training (``losses``/``grads`` keyed by the fraction
+    of training done): left the loss shifted to 0 at zero error, right its gradient; L2 dashed."""
+    import matplotlib
+
+    fig = new_figure(11, 4.2)
+    cmap = matplotlib.colormaps["viridis"]
+    zero = int(np.argmin(np.abs(errors)))
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for i, (fraction, loss) in enumerate(sorted(losses.items())):
+        color = cmap(i / max(1, len(losses) - 1))
+        left.plot(errors, loss - loss[zero], color=color, lw=2, label=f"{fraction:.0%} of training")
+        right.plot(errors, grads[fraction], color=color, lw=2)
+    left.plot(errors, 0.5 * errors**2, color=BASELINE, lw=1, ls="--", label="L2: 0.5 e²")
+    right.plot(errors, errors, color=BASELINE, lw=1, ls="--", label="L2: e")
+    for ax, name in ((left, "loss - loss(0)"), (right, "d loss / d prediction")):
+        ax.axhline(0, color="grey", lw=0.5)
+        ax.axvline(0, color="grey", lw=0.5)
+        ax.set_xlabel("error e = prediction - target")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center")
+    left.set_title("learned value loss through training")
+    right.set_title("its gradient w.r.t. the prediction")
+    if fixed:
+        fig.suptitle(fixed, fontsize=9)
+    return fig
+
+
 def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.ndarray, grad: np.ndarray,
                               other_name: str, fixed: str = "") -> Figure:
     """Learned loss (shifted to 0 at the grid's zero error per row) and its gradient over error x another
@@ -223,3 +252,64 @@ def learning_curves_figure(frames: np.ndarray, curves: dict, ci: Callable[[np.nd
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure:
+    """One panel per task: the population's mean raw return per generation and the generation's best
+    member's return on that task, with its normalised score (baseline = 1) on the right axis."""
+    cols = min(3, len(names))
+    rows_n = -(-len(names) // cols)
+    fig = new_figure(4 * cols, 3 * rows_n)
+    axes = np.atleast_1d(fig.subplots(rows_n, cols, squeeze=False)).ravel()
+    gens = np.array([r["generation"] for r in history], dtype=float)
+    for ax, name in zip(axes, names):
+        col = lambda k: np.array([r.get("tasks", {}).get(name, {}).get(k, np.nan) for r in history], dtype=float)
+        ax.plot(gens, col("raw_mean"), color=LEARNED, lw=2, label="population mean")
+        ax.plot(gens, col("raw_best"), ".", color="tab:green", label="best member")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("generation")
+        ax.set_ylabel("return")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        score = ax.twinx()
+        score.plot(gens, col("score_mean"), color="0.4", lw=0.8, ls="--", label="mean score")
+        score.set_ylabel("normalised score", fontsize=8)
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    axes[0].legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, baseline: str) -> Figure:
+    """Left: each task's normalised score (mean and 95% CI over seeds) for both sides, held-out tasks
+    shaded; right: rliable's interquartile mean per split with its bootstrap CI."""
+    fig = new_figure(11, 4.2)
+    ax, agg = fig.subplots(1, 2, width_ratios=[3, 1])
+    x = np.arange(len(rows))
+    for offset, label, color in ((-0.15, learned, LEARNED), (0.15, baseline, BASELINE)):
+        means = np.array([r["normalized"][label] for r in rows])
+        lows = np.array([r["normalized_ci95"][label][0] for r in rows])
+        highs = np.array([r["normalized_ci95"][label][1] for r in rows])
+        ax.errorbar(x + offset, means, yerr=[means - lows, highs - means], fmt="o", color=color, capsize=3,
+                    label=label)
+    for i, r in enumerate(rows):
+        if r["split"] == "held-out":
+            ax.axvspan(i - 0.5, i + 0.5, color="0.9", zorder=0)
+    ax.axhline(1.0, color=BASELINE, lw=0.8, ls="--")
+    ax.axhline(0.0, color="0.5", lw=0.8, ls=":")
+    ax.set_xticks(x, [r["task"] + ("\n(held out)" if r["split"] == "held-out" else "") for r in rows],
+                  fontsize=7)
+    ax.set_ylabel("normalised score (baseline = 1, random = 0)")
+    ax.legend(fontsize=8)
+    names = list(aggregates)
+    for j, name in enumerate(names):
+        a = aggregates[name]
+        for offset, key, color in ((-0.15, "iqm_learned", LEARNED), (0.15, "iqm_baseline", BASELINE)):
+            lo, hi = a[key + "_ci95"]
+            agg.errorbar([j + offset], [a[key]], yerr=[[a[key] - lo], [hi - a[key]]], fmt="s", color=color,
+                         capsize=3)
+    agg.set_xticks(np.arange(len(names)), [f"{n}\nP(improve) {aggregates[n]['probability_of_improvement']:.2f}"
+                                           for n in names], fontsize=8)
+    agg.set_xlim(-0.6, len(names) - 0.4)
+    agg.set_title("IQM (rliable)", fontsize=9)
+    return fig
+

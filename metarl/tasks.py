@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metarl.inner_loops.components import VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
+from metarl.inner_loops.components import TEMPORAL_INPUTS, VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
 from metarl.config import ConfigError, RunConfig
 
 # algo name -> (module, config class); imported on use so a trainer's import cost is paid only by its runs.
@@ -264,10 +264,14 @@ def _component_from_config(kind: str, spec: dict, trainer_fields: list[str]):
         _check_hidden(hidden)
         return MLPValueLoss(hidden=hidden, inputs=inputs, residual=bool(spec.get("residual", False)))
     if kind == "policy_objective":
-        _refuse_unknown(spec, ("hidden", "ppo_init"))
+        _refuse_unknown(spec, ("hidden", "ppo_init", "inputs"))
         hidden = tuple(spec.get("hidden", (128,)))
         _check_hidden(hidden)
-        return LPODrift(hidden=hidden, ppo_init=bool(spec.get("ppo_init", True)))
+        inputs = tuple(spec.get("inputs", ()))
+        bad = [i for i in inputs if i not in TEMPORAL_INPUTS]
+        if bad:
+            raise ConfigError(f"component.inputs: {list(inputs)!r}; allowed: a subset of {', '.join(TEMPORAL_INPUTS)}")
+        return LPODrift(hidden=hidden, ppo_init=bool(spec.get("ppo_init", True)), inputs=inputs)
     _refuse_unknown(spec, ("search",))
     return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
 

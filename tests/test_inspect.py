@@ -17,7 +17,8 @@ from metarl import evaluate, inspect
 # figure -> (width, height) in pixels (figsize x 100 dpi)
 EXPECTED = {
     "value_loss": {"fitness.png": (700, 400), "value_loss.png": (1100, 420), "value_loss_target.png": (1100, 420)},
-    "policy_objective": {"fitness.png": (700, 400), "policy_objective.png": (1000, 800)},
+    "policy_objective": {"fitness.png": (700, 400), "fitness_tasks.png": (800, 300),
+                         "policy_objective.png": (1000, 800)},
     "hyperparams": {"fitness.png": (700, 400), "hyperparams.png": (1280, 600)},  # 7 panels, 4 columns
 }
 
@@ -28,7 +29,10 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     base = [a for a in TINY if not a.startswith("component.")] + ["es.generations=2"]
     extra = {"value_loss": ["component.hidden=[4]", "component.inputs=[error,target]"],
-             "policy_objective": ["component.hidden=[4]"], "hyperparams": []}
+             # several tasks and held-out ones: per-task plots, the held-out table
+             "policy_objective": ["component.hidden=[4]", "tasks=[CartPole-v1,Acrobot-v1]",
+                                  "eval_tasks=[Catch-bsuite,{env: CartPole-v1, inner: {total_timesteps: 128}}]"],
+             "hyperparams": []}
     procs = {kind: start_evolve([f"experiment={kind}", *base, *args, f"run_dir={root / kind}"], cwd=root)
              for kind, args in extra.items()}
     for kind, proc in procs.items():
@@ -90,16 +94,42 @@ def test_evaluate_prints_both_sides_and_the_tests(runs, capsys):
     assert evaluate.main([str(run), "num_seeds=4", "total_timesteps=64"]) == 0
     out = capsys.readouterr().out
     assert "learned value_loss" in out and "baseline: L2 value loss" in out
-    assert "Welch's t =" in out and "Mann-Whitney U =" in out
+    assert "p (Welch)" in out and "held-out" in out
     report = json.loads((run / "evaluation_64.json").read_text())
-    assert set(report["sides"]) == {"learned value_loss", "baseline: L2 value loss (clipped)"}
-    for side in report["sides"].values():
+    [row] = report["tasks"]
+    assert set(row["sides"]) == {"learned value_loss", "baseline: L2 value loss (clipped)"}
+    assert row["split"] == "held-out" and row["task"] == "CartPole-v1[total_timesteps=64]"
+    for side in row["sides"].values():
         assert side["n"] == 4 and len(side["final_returns"]) == 4
         assert all(math.isfinite(v) for v in [side["mean"], side["std"], *side["ci95"]])
         assert side["ci95"][0] <= side["mean"] <= side["ci95"][1]
-    test = report["test"]
+    test = row["test"]
     assert all(math.isfinite(test[k]) for k in ("welch_t", "welch_p", "mannwhitney_u", "mannwhitney_p"))
     check_image(run / inspect.FIGURES / "evaluation_64.png", (700, 400))
+
+
+@pytest.mark.timeout(600)
+def test_evaluate_on_trained_and_held_out_tasks(runs, capsys):
+    run = runs["policy_objective"]
+    assert evaluate.main([str(run), "num_seeds=3"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads((run / "evaluation.json").read_text())
+    rows = report["tasks"]
+    assert [(r["task"], r["split"]) for r in rows] == [
+        ("CartPole-v1", "trained-on"), ("Acrobot-v1", "trained-on"), ("Catch-bsuite", "held-out"),
+        ("CartPole-v1[total_timesteps=128]", "held-out")]
+    baseline = "baseline: PPO clipped objective"
+    for r in rows:
+        assert r["task"] in out
+        if r["sides"][baseline]["mean"] - r["random_return"] > 1e-6:  # the baseline scores 1 by definition
+            assert r["normalized"][baseline] == pytest.approx(1.0, abs=1e-9)
+    assert set(report["aggregate"]) == {"held-out", "trained-on"}
+    held = report["aggregate"]["held-out"]
+    assert held["tasks"] == 2 and 0.0 <= held["probability_of_improvement"] <= 1.0
+    low, high = held["iqm_learned_ci95"]
+    assert low <= held["iqm_learned"] <= high
+    assert "IQM of normalised scores" in out and "P(learned > baseline)" in out
+    check_image(run / inspect.FIGURES / "evaluation.png", (1100, 420))
 
 
 @pytest.mark.timeout(600)
@@ -108,8 +138,9 @@ def test_evaluate_split_over_two_processes_gives_the_same_agents(runs):
     one = evaluate.evaluate(run, num_seeds=4, total_timesteps=64, num_processes=1)
     two = evaluate.evaluate(run, num_seeds=4, total_timesteps=64, num_processes=2)
     assert one["processes"] == 1 and two["processes"] == 2
-    for label, side in one["sides"].items():
-        np.testing.assert_allclose(two["sides"][label]["final_returns"], side["final_returns"], rtol=1e-5)
+    for label, side in one["tasks"][0]["sides"].items():
+        np.testing.assert_allclose(two["tasks"][0]["sides"][label]["final_returns"], side["final_returns"],
+                                   rtol=1e-5)
 
 
 def test_eval_keys_avoid_the_runs_root():

@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 
 import probe_envs  # noqa: F401  (registers the Probe-* environments)
-from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, LPODrift, MLPValueLoss
+from metarl.inner_loops.components import (
+    CLIPPED_SURROGATE,
+    L2_VALUE_LOSS,
+    LPODrift,
+    MLPValueLoss,
+    training_progress,
+)
 from metarl.inner_loops.ppo import Batch, PPOConfig, compute_gae, make_agent, make_train, ppo_loss
 
 TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=2, num_minibatches=2)
@@ -181,9 +187,37 @@ def test_residual_mlp_value_loss_with_zero_network_is_l2():
     np.testing.assert_allclose(loss.apply(zero, v, old, t), 0.5 * (v - t) ** 2)
 
 
+def test_zero_temporal_components_give_exactly_the_hand_designed_gradient():
+    """Temporal inputs (training progress) leave a zero-initialised component at the hand-designed rule."""
+    cfg = PPOConfig(clip_value_loss=False)
+    network, params, batch = _fixed_batch(cfg)
+    progress = training_progress(jnp.int32(37), 100)
+    value_loss = MLPValueLoss(residual=True, inputs=("error", "progress", "log_updates"))
+    lpo = LPODrift(inputs=("progress", "log_updates"))
+    assert value_loss.temporal and lpo.temporal
+    meta = {"value_loss": jax.tree.map(jnp.zeros_like, value_loss.init(jax.random.key(0))),
+            "policy_objective": jax.tree.map(jnp.zeros_like, lpo.init(jax.random.key(1)))}
+
+    def temporal_loss(p):
+        return ppo_loss(p, network.apply, batch, cfg, meta, value_loss, lpo, False, progress)[0]
+
+    def hand_loss(p):
+        return ppo_loss(p, network.apply, batch, cfg, None, L2_VALUE_LOSS, CLIPPED_SURROGATE, False)[0]
+
+    # LPO's relu(x - 1e-4) shaves at most 1e-4 off PPO's drift per sample.
+    np.testing.assert_allclose(temporal_loss(params), hand_loss(params), atol=1.1e-4)
+    for a, b in zip(jax.tree.leaves(jax.grad(temporal_loss)(params)), jax.tree.leaves(jax.grad(hand_loss)(params))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    # A non-zero network does see the progress: the loss changes with it.
+    random = {"value_loss": value_loss.init(jax.random.key(2)), "policy_objective": meta["policy_objective"]}
+    early, late = (ppo_loss(params, network.apply, batch, cfg, random, value_loss, lpo, False,
+                            training_progress(jnp.int32(i), 100))[0] for i in (0, 99))
+    assert abs(float(early) - float(late)) > 1e-6
+
+
 @pytest.mark.timeout(300)
 def test_learned_value_loss_plugs_into_training():
-    loss = MLPValueLoss()
+    loss = MLPValueLoss(inputs=("error", "progress"))  # temporal: the trainer hands it the progress
     cfg = PPOConfig(**TINY)
     meta = {"value_loss": loss.init(jax.random.key(1))}
     _, metrics = jax.jit(make_train(cfg, value_loss=loss))(jax.random.key(0), meta)
