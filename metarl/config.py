@@ -252,13 +252,27 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
     primary = experiments_dir or str(EXPERIMENTS_DIR)
     if experiments_dir:
         forced.append(f"hydra.searchpath=[{Path(EXPERIMENTS_DIR).as_uri()}]")
-    try:
+    search = [f"hydra.searchpath=[{Path(EXPERIMENTS_DIR).as_uri()}]"] if experiments_dir else []
+
+    def run(forced_overrides):
         with initialize_config_dir(version_base="1.3", config_dir=primary, job_name="metarl"):
-            composed = OmegaConf.to_container(hydra_compose(config_name=experiment, overrides=forced),
-                                              resolve=True)
+            return OmegaConf.to_container(hydra_compose(config_name=experiment, overrides=forced_overrides),
+                                          resolve=True)
+
+    try:
+        composed = run(forced)
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"overrides: {first}") from None
+        # Hydra's message may name no override, or the `++` form above: find the one that fails alone.
+        key = "overrides"
+        for override, one in zip(overrides, forced):
+            try:
+                run([one, *search])
+            except (HydraException, OmegaConfBaseException):
+                key = override.split("=", 1)[0].lstrip("+~")
+                break
+        raise ConfigError(f"{key}: {first.replace('++', '').rstrip('.')}; allowed: a value of the setting's type "
+                          "(see experiments/base.yaml), as key=value") from None
     composed.pop("hydra", None)
     composed["experiments_dir"] = experiments_dir
     return composed

@@ -96,6 +96,7 @@ def test_other_experiments_run(tmp_path, experiment):
     # Malformed overrides name themselves, with no internal prefix.
     (["experiment=value_loss", "es.popsize=[1,2"], "es.popsize"),
     (["experiment=value_loss", "=4"], "argument '=4'"),
+    (["experiment=value_loss", "inner=[1]"], "inner"),  # Hydra's own error, without its `++` form
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, field):
     (tmp_path / "afile").write_text("not a directory\n")

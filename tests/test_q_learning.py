@@ -100,6 +100,10 @@ def test_meta_params_override_float_hyperparameters():
         ({"epsilon": 1.5}, "epsilon"),
         ({"gamma": -0.1}, "gamma"),
         ({"alpha": 0.0}, "alpha"),
+        ({"alpha": "fast"}, "alpha"),
+        ({"log_interval": 2**31}, "log_interval"),
+        ({"env": "CartPole-v1"}, "env"),  # no numbered states to keep a table of
+        ({"env": "Pendulum-v1"}, "env"),
     ],
 )
 def test_validate_names_the_field(change, field):
