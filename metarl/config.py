@@ -187,14 +187,13 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_positive("devices.num_processes", cfg.devices.num_processes)
     if not 0 <= cfg.seed <= SEED_MAX:
         raise ConfigError(f"seed: {cfg.seed}; allowed: an integer from 0 to {SEED_MAX}")
-    if cfg.run_dir is not None:
-        check_run_dir(cfg.run_dir)
     return cfg
 
 
 def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
     """Refuse a path that cannot become a directory: an existing file, a path under a file, or a
-    place this user may not create it in. Nothing is created here."""
+    place this user may not create it in. Nothing is created here. Checked where a run starts, not in
+    ``validate``: a saved config read on another machine (inspect, evaluate) names a path of that one."""
     path = Path(run_dir).expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{field}: {run_dir} is a file; allowed: a new or existing directory")

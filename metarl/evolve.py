@@ -116,6 +116,7 @@ def resolve(argv: list[str]):
     cfg = config_lib.load(special["experiment"], overrides, special.get("experiments_dir"))
     named = bool(cfg.run_dir)
     run_dir = Path(cfg.run_dir) if named else default_run_dir(cfg.experiment)
+    config_lib.check_run_dir(str(run_dir))
     import dataclasses
 
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
@@ -210,12 +211,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from metarl import runlock
 
-    lock = None
+    lock, refused = None, None
     if local_launch or jax.process_index() == 0:
         try:
             lock = runlock.acquire(run_dir) if named or resuming else runlock.acquire_new(run_dir)
         except runlock.RunDirLocked as err:
-            fail(str(err))
+            refused = str(err)
+    stop = refused is not None
+    if not local_launch:  # every process of a multi-host run stops, not only process 0 (the rest would wait)
+        stop = bool(devices.agree(int(stop), "run_dir_lock"))
+    if stop:
+        fail(refused or f"run_dir: {run_dir} is in use by another run (see process 0)")
+    if lock is not None:
         if lock.run_dir != run_dir:  # a default name taken by a run started in the same second
             run_dir = lock.run_dir
             cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
