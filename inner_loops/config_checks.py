@@ -73,7 +73,7 @@ def check_range(name: str, value: Any, low: Optional[float] = None, high: Option
     if too_low or too_high or not np.isfinite(v):
         lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
         hi = "" if high is None else f"<= {high}"
-        raise ValueError(f"{name}: {v!r}; allowed: {' and '.join(s for s in (lo, hi) if s)}")
+        raise ValueError(f"{name}: {v!r}; allowed: {' and '.join(s for s in (lo, hi) if s) or 'a finite number'}")
 
 
 def with_overrides(config: Any, meta_params: Optional[dict], allowed: tuple) -> Any:

@@ -79,6 +79,7 @@ class QLearningConfig:
         _check_range("alpha", self.alpha, low=0.0, high=1.0, low_open=True)  # alpha 0 never learns
         _check_range("gamma", self.gamma, low=0.0, high=1.0)
         _check_range("epsilon", self.epsilon, low=0.0, high=1.0)
+        _check_range("q_init", self.q_init)  # any finite value
         return self
 
 

@@ -63,6 +63,12 @@ def inner_config(cfg: RunConfig):
 
 # --- hyperparameter search space -------------------------------------------------------------------
 
+def _bound(path: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{path}: {value!r}; allowed: a finite number")
+    return float(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class HyperparamSpace:
     """Each hyperparameter is ``low + (high - low) * sigmoid(z)``, in log space where ``log``; the
@@ -87,7 +93,10 @@ class HyperparamSpace:
             extra = set(spec) - {"low", "high", "log"}
             if extra:
                 raise ConfigError(f"{path}.{sorted(extra)[0]}: unknown setting; allowed: low, high, log")
-            low, high, log = float(spec["low"]), float(spec["high"]), bool(spec.get("log", False))
+            low, high = _bound(f"{path}.low", spec["low"]), _bound(f"{path}.high", spec["high"])
+            log = spec.get("log", False)
+            if not isinstance(log, bool):
+                raise ConfigError(f"{path}.log: {log!r}; allowed: true or false")
             if not low < high:
                 raise ConfigError(f"{path}: low {low} must be below high {high}")
             if log and low <= 0:
