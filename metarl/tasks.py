@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metarl.inner_loops.components import VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
-from metarl.config import ConfigError, RunConfig
+from metarl.config import INT32_MAX, ConfigError, RunConfig
 
 # algo name -> (module, config class); imported on use so a trainer's import cost is paid only by its runs.
 TRAINERS = {
@@ -229,6 +229,12 @@ def build_task(cfg: RunConfig) -> Task:
             return {"mean": component.decode(mean), "low": component.decode(low), "high": component.decode(high)}
     else:
         describe_search = None
+        # The search runs over one flat vector indexed in int32: count before allocating anything.
+        shapes = jax.eval_shape(component.init, jax.random.key(cfg.seed))
+        num_dims = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+        if num_dims > INT32_MAX:
+            raise ConfigError(f"component.hidden: {list(component.hidden)!r} makes {num_dims:,} meta-parameters; "
+                              f"allowed: at most {INT32_MAX:,} (smaller layers)")
         template = component.init(jax.random.key(cfg.seed))
         init_mean = (jax.tree.map(jnp.zeros_like, template) if cfg.es.init_mean == "zeros" else template)
         seam = {kind: component}

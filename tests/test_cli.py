@@ -91,6 +91,7 @@ def test_other_experiments_run(tmp_path, experiment):
     (["experiment=value_loss", "inner.gamma=nan"], "inner.gamma"),
     (["experiment=value_loss", "inner.lr=fast"], "inner.lr"),
     (["experiment=value_loss", "inner.hidden_sizes=64"], "inner.hidden_sizes"),
+    (["experiment=value_loss", "component.hidden=[100000,100000]"], "component.hidden"),
     (["experiment=hyperparams", "component.search.lr.low=fast"], "component.search.lr.low"),
     # A trainer that cannot act in the environment: DQN scores a finite set of actions.
     (["experiment=dqn_hyperparams", "env=Pendulum-v1"], "env"),
