@@ -1,4 +1,4 @@
-"""Frames per second of the whole population evaluation: one process vs every core vs forced devices.
+"""Frames per second of the whole population evaluation: one process vs ``auto`` (every core) vs forced devices.
 
 The value_loss experiment's inner PPO (CartPole, 4 envs x 64 steps) with a short budget, through the
 real CLI, at popsize 8 and 32. Each mode is a fresh run without the compilation cache, so the compile
@@ -25,10 +25,11 @@ from pathlib import Path
 def run_mode(mode: str, popsize: int, args, workdir: Path) -> dict:
     ncores = len(os.sched_getaffinity(0))
     env = dict(os.environ, WANDB_MODE="disabled", METARL_COMPILATION_CACHE="0", PYTHONUNBUFFERED="1")
+    env.pop("METARL_NUM_PROCESSES", None)
     env.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
-    extra = []
-    if mode == "processes":
-        extra = [f"devices.num_processes={ncores}"]
+    extra = ["devices.num_processes=1"]
+    if mode == "auto":
+        extra = ["devices.num_processes=auto"]
     elif mode == "forced_devices":
         env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={ncores}"
     run_dir = workdir / f"{mode}-{popsize}"
@@ -46,17 +47,19 @@ def run_mode(mode: str, popsize: int, args, workdir: Path) -> dict:
     if proc.returncode != 0:
         return {"status": f"exit {proc.returncode}", "stderr": proc.stderr.strip().splitlines()[-3:]}
     compiled = re.search(r"compiled the generation in ([\d.]+) s", proc.stdout + proc.stderr)
+    devices = re.search(r"on (\d+) device\(s\)", proc.stdout + proc.stderr)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     fps = [r["fps"] for r in records[1:]] or [r["fps"] for r in records]
     return {"status": "ok", "fps_median": round(statistics.median(fps)), "fps_all": [round(f) for f in fps],
             "frames_per_generation": popsize * args.num_seeds * args.timesteps,
-            "compile_seconds": float(compiled.group(1)) if compiled else None, "wall_seconds": round(wall, 1)}
+            "compile_seconds": float(compiled.group(1)) if compiled else None, "wall_seconds": round(wall, 1),
+            "devices": int(devices.group(1)) if devices else None}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--popsizes", type=int, nargs="+", default=[8, 32])
-    parser.add_argument("--modes", nargs="+", default=["one_process", "processes", "forced_devices"])
+    parser.add_argument("--modes", nargs="+", default=["one_process", "auto", "forced_devices"])
     parser.add_argument("--generations", type=int, default=5)
     parser.add_argument("--num-seeds", type=int, default=2)
     parser.add_argument("--timesteps", type=int, default=8192, help="PPO frames per member and seed")

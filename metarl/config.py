@@ -82,7 +82,7 @@ class LoggerSection:
 
 @dataclasses.dataclass(frozen=True)
 class DevicesSection:
-    num_processes: int = 1
+    num_processes: typing.Union[int, str] = "auto"
     coordinator_address: Optional[str] = None
     process_id: Optional[int] = None
 
@@ -125,11 +125,16 @@ def _type_name(tp) -> str:
 
 def _coerce(value, tp, path):
     origin = typing.get_origin(tp)
-    if origin is typing.Union:  # Optional[X]
+    if origin is typing.Union:  # Optional[X], or one of several types
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
+        if value is None and len(args) < len(typing.get_args(tp)):
             return None
-        return _coerce(value, args[0], path)
+        for arg in args[:-1]:
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError:
+                pass
+        return _coerce(value, args[-1], path)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: {value!r}; allowed: a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}")
@@ -184,7 +189,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_positive("checkpoint.keep", cfg.checkpoint.keep)
     if cfg.logger.wandb.mode not in WANDB_MODES:
         raise ConfigError(f"logger.wandb.mode: {cfg.logger.wandb.mode!r}; allowed: {', '.join(WANDB_MODES)}")
-    _check_positive("devices.num_processes", cfg.devices.num_processes)
+    n = cfg.devices.num_processes
+    if not (n == "auto" or (isinstance(n, int) and n > 0)):
+        raise ConfigError(f"devices.num_processes: {n!r}; allowed: auto (one process per usable CPU core, or "
+                          "one for all local GPUs) or a positive integer")
     if not 0 <= cfg.seed <= SEED_MAX:
         raise ConfigError(f"seed: {cfg.seed}; allowed: an integer from 0 to {SEED_MAX}")
     return cfg

@@ -14,6 +14,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+AUTO = "auto"
+
 
 def population_mesh(popsize: int):
     """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device.
@@ -98,24 +100,73 @@ def _env_int(*names: str) -> Optional[int]:
     return None
 
 
-def distributed_settings(devices_cfg) -> tuple[int, Optional[str], Optional[int]]:
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (containers, SLURM)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, int(quota)))
+    return max(1, cores)
+
+
+def _cgroup_cpu_quota() -> Optional[float]:
+    """CPUs the cgroup may use (quota / period), or None when unlimited or unknown."""
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())
+        period = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def has_accelerator() -> bool:
+    """Whether JAX's default backend is a GPU or TPU. Initialises JAX's backends in this process, which
+    is harmless here: a process that finds an accelerator goes on to run alone, and one that finds only
+    the CPU starts the per-core processes and then only waits for them."""
+    return jax.default_backend() != "cpu"
+
+
+def auto_processes(popsize: int) -> int:
+    """``devices.num_processes=auto``: one process with an accelerator (it drives every local device);
+    on a CPU host, one per usable core, reduced to the largest count that divides the population, since
+    each process holds one CPU device and an equal share of the members."""
+    if has_accelerator():
+        return 1
+    cores = usable_cores()
+    return max(n for n in range(1, cores + 1) if popsize % n == 0)
+
+
+def distributed_settings(devices_cfg, popsize: int) -> tuple[int, Optional[str], Optional[int]]:
     """``(num_processes, coordinator_address, process_id)`` from the config, else the environment.
 
-    The config wins; then ``METARL_NUM_PROCESSES`` / ``METARL_COORDINATOR`` / ``METARL_PROCESS_ID``
-    (set by ``metarl.launch`` or by hand on each host); then SLURM's ``SLURM_NTASKS`` / ``SLURM_PROCID``.
+    A number in the config wins; then ``METARL_NUM_PROCESSES`` / ``METARL_COORDINATOR`` /
+    ``METARL_PROCESS_ID`` (set by ``metarl.launch`` or by hand on each host), then SLURM's
+    ``SLURM_NTASKS`` / ``SLURM_PROCID``; with none of them, ``auto`` counts this machine's cores.
     """
-    num = devices_cfg.num_processes if devices_cfg.num_processes > 1 else None
-    num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS") or 1
+    num = devices_cfg.num_processes if devices_cfg.num_processes != AUTO else None
+    num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS")
     coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR") or None
     process_id = devices_cfg.process_id
     if process_id is None:
         process_id = _env_int("METARL_PROCESS_ID", "SLURM_PROCID")
+    if num is None:
+        # Only a process that launches the others counts cores; one told its place in a larger run
+        # without a count is left to fail in `setup` with the message that says what is missing.
+        num = auto_processes(popsize) if coordinator is None and process_id is None else 1
     return num, coordinator, process_id
 
 
-def needs_local_launch(devices_cfg) -> bool:
+def needs_local_launch(devices_cfg, popsize: int) -> bool:
     """Several processes asked for, but nothing says who this one is: start them all here."""
-    num, coordinator, process_id = distributed_settings(devices_cfg)
+    num, coordinator, process_id = distributed_settings(devices_cfg, popsize)
     return num > 1 and coordinator is None and process_id is None
 
 
@@ -127,11 +178,11 @@ def pin_cpus() -> None:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
 
-def setup(devices_cfg) -> None:
+def setup(devices_cfg, popsize: int) -> None:
     """Join a multi-process run when one is configured; a single process needs nothing."""
     pin_cpus()
     enable_compilation_cache()
-    num, coordinator, process_id = distributed_settings(devices_cfg)
+    num, coordinator, process_id = distributed_settings(devices_cfg, popsize)
     if num <= 1:
         return
     if coordinator is None and "SLURM_JOB_ID" in os.environ:

@@ -1,5 +1,5 @@
-"""``python -m metarl.evaluate RUN_DIR [env=ID] [num_seeds=32] [total_timesteps=N]``: the learned
-component against the hand-designed baseline on fresh seeds.
+"""``python -m metarl.evaluate RUN_DIR [env=ID] [num_seeds=32] [total_timesteps=N] [num_processes=auto]``:
+the learned component against the hand-designed baseline on fresh seeds.
 
 Trains ``num_seeds`` agents with the run's best exported meta-parameters and as many with the baseline
 (L2 value loss / PPO's clipped objective / the trainer's config unchanged for a hyperparameter search),
@@ -7,7 +7,8 @@ each side in one vmapped, jitted call, on the run's environment or on ``env`` (t
 or hyperparameters applied there as they are). Prints mean and 95% t-interval of the final return (mean
 episode return over the last 10% of updates) per side, Welch's t-test and a Mann-Whitney U test of the
 difference; writes RUN_DIR/evaluation[_ENV][_FRAMES].json and RUN_DIR/figures/evaluation[_ENV][_FRAMES].png
-(the suffixes appear when env or total_timesteps is given).
+(the suffixes appear when env or total_timesteps is given). On a CPU the agents are split over one
+process per usable core (``num_processes=auto``, the default; ``num_processes=1`` keeps one).
 
 Seeds: agent i trains from ``fold_in(key(10_000), i)``. Evolution draws every key by ``split`` from
 ``key(cfg.seed)``; a different root key gives an unrelated threefry stream, so these seeds were never
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,16 +95,18 @@ def baseline_label(task) -> str:
     return "baseline: trainer config"
 
 
-def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
-             total_timesteps: int | None = None) -> dict:
-    import jax
+def side_labels(task) -> list[str]:
+    return [f"learned {task.kind}", baseline_label(task)]
+
+
+def _load(run_dir: Path, env: str | None, total_timesteps: int | None):
+    """The run's config with ``env``/``total_timesteps`` applied, its task, best meta-params and info."""
     from flax import serialization
 
-    from metarl import checkpoints, plots, results
+    from metarl import checkpoints, results
     from metarl.config import ConfigError
-    from metarl.tasks import build_task, trainer_module
+    from metarl.tasks import build_task
 
-    run_dir = Path(run_dir)
     try:
         cfg = results.load_config(run_dir)
         run_env = cfg.env
@@ -115,10 +119,19 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         meta = serialization.from_state_dict(task.template, raw)
     except (ConfigError, checkpoints.CheckpointError) as err:
         fail(str(err))
-    module, _ = trainer_module(task.algo)
-    sides = {f"learned {task.kind}": task.make_train(meta), baseline_label(task): module.make_train(task.inner_config)}
-    root, keys = eval_keys(cfg.seed, num_seeds)
+    return cfg, run_env, task, meta, info
 
+
+def _train_sides(task, meta, keys):
+    """Learning curves ``(seeds, updates)`` of the learned side and the baseline on ``keys``, each side
+    one vmapped, jitted call; returns (curves, run seconds, compile seconds)."""
+    import jax
+
+    from metarl.tasks import trainer_module
+
+    module, _ = trainer_module(task.algo)
+    learned, baseline = side_labels(task)
+    sides = {learned: task.make_train(meta), baseline: module.make_train(task.inner_config)}
     # Trace both sides, then compile them side by side (XLA compiles outside the GIL) and run them.
     t = time.perf_counter()
     lowered = {label: jax.jit(jax.vmap(lambda k, train=train: train(k)[1]["episode_return"])).lower(keys)
@@ -131,12 +144,75 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         t = time.perf_counter()
         curves[label] = np.asarray(jax.device_get(run(keys)), dtype=float)   # (seeds, updates)
         seconds[label] = time.perf_counter() - t
+    return curves, seconds, compile_s
 
-    learned_label, baseline_lbl = list(sides)
+
+def _process_count(num_processes, num_seeds: int) -> int:
+    """``auto``: ``METARL_NUM_PROCESSES`` if set, else one process per usable CPU core (at most one per
+    seed), or one with an accelerator."""
+    from metarl import devices
+
+    if num_processes == "auto" and os.environ.get("METARL_NUM_PROCESSES", "").strip():
+        num_processes = os.environ["METARL_NUM_PROCESSES"]
+    if num_processes != "auto":
+        return min(int(num_processes), num_seeds)
+    if devices.has_accelerator():
+        return 1
+    return min(devices.usable_cores(), num_seeds)
+
+
+def _worker(job):
+    """One process's share: agents ``start:stop`` of both sides, pinned to its own cores."""
+    run_dir, env, total_timesteps, run_seed, num_seeds, start, stop, cores = job
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)  # before JAX starts XLA's thread pool in this fresh process
+    from metarl import devices
+
+    devices.enable_compilation_cache()
+    _, _, task, meta, _ = _load(Path(run_dir), env, total_timesteps)
+    _, keys = eval_keys(run_seed, num_seeds)
+    return _train_sides(task, meta, keys[start:stop])
+
+
+def _train_sides_in_processes(processes, run_dir, env, total_timesteps, run_seed, num_seeds):
+    """The agents split into ``processes`` contiguous blocks, one fresh process each, pinned to its own
+    cores: on a CPU one process gets about one core's worth of these small kernels. Agent i still trains
+    from key i, so the results do not depend on the split."""
+    import multiprocessing
+
+    from metarl.launch import core_sets
+
+    bounds = np.linspace(0, num_seeds, processes + 1).round().astype(int)
+    jobs = [(str(run_dir), env, total_timesteps, run_seed, num_seeds, int(a), int(b), cores)
+            for (a, b), cores in zip(zip(bounds[:-1], bounds[1:]), core_sets(processes))]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        parts = pool.map(_worker, jobs)
+    labels = list(parts[0][0])
+    curves = {label: np.concatenate([p[0][label] for p in parts]) for label in labels}
+    seconds = {label: max(p[1][label] for p in parts) for label in labels}
+    return curves, seconds, max(p[2] for p in parts)
+
+
+def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
+             total_timesteps: int | None = None, num_processes: int | str = "auto") -> dict:
+    from metarl import plots
+
+    run_dir = Path(run_dir)
+    cfg, run_env, task, meta, info = _load(run_dir, env, total_timesteps)
+    root, keys = eval_keys(cfg.seed, num_seeds)
+    processes = _process_count(num_processes, num_seeds)
+    if processes == 1:
+        curves, seconds, compile_s = _train_sides(task, meta, keys)
+    else:
+        curves, seconds, compile_s = _train_sides_in_processes(processes, run_dir, env, total_timesteps,
+                                                               cfg.seed, num_seeds)
+
+    learned_label, baseline_lbl = side_labels(task)
     finals = {label: final_return(c) for label, c in curves.items()}
     report = {
         "run_dir": str(run_dir), "kind": task.kind, "env": cfg.env, "trained_env": run_env,
-        "num_seeds": num_seeds, "total_timesteps": int(task.frames_per_eval), "key_root": root,
+        "num_seeds": num_seeds, "processes": processes, "total_timesteps": int(task.frames_per_eval),
+        "key_root": root,
         "best_generation": info.get("generation"), "best_fitness": info.get("fitness"),
         "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
         "sides": {label: {**summarise(f), "seconds": seconds[label]} for label, f in finals.items()},
@@ -193,14 +269,26 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _processes_arg(value: str):
+    if value == "auto":
+        return value
+    if int(value) < 1:
+        raise ValueError(value)
+    return int(value)
+
+
+_processes_arg.expected = "positive integer or auto"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    run_dir, opts = parse_args(argv, {"env": (str, None), "num_seeds": (int, 32), "total_timesteps": (int, None)})
+    run_dir, opts = parse_args(argv, {"env": (str, None), "num_seeds": (int, 32), "total_timesteps": (int, None),
+                                      "num_processes": (_processes_arg, "auto")})
     if opts["num_seeds"] < 2:
         fail(f"num_seeds: {opts['num_seeds']}; allowed: >= 2 (a confidence interval needs two)")
     if opts["total_timesteps"] is not None and opts["total_timesteps"] <= 0:
         fail(f"total_timesteps: {opts['total_timesteps']}; allowed: > 0")
-    report = evaluate(run_dir, opts["env"], opts["num_seeds"], opts["total_timesteps"])
+    report = evaluate(run_dir, opts["env"], opts["num_seeds"], opts["total_timesteps"], opts["num_processes"])
     print(format_report(report))
     return 0
 

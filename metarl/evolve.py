@@ -182,15 +182,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg, run_dir, resuming, named = resolve(argv)
         from metarl import devices
 
-        local_launch = devices.needs_local_launch(cfg.devices)
+        local_launch = devices.needs_local_launch(cfg.devices, cfg.es.popsize)
         if not local_launch:
-            devices.setup(cfg.devices)  # before any JAX computation
+            devices.setup(cfg.devices, cfg.es.popsize)  # before any JAX computation
         from metarl import runner
         from metarl.tasks import build_task, check_memory
 
         runner.es_config(cfg).validate()
         task = build_task(cfg)
-        num_processes = devices.distributed_settings(cfg.devices)[0]
+        num_processes = devices.distributed_settings(cfg.devices, cfg.es.popsize)[0]
         if local_launch:
             devices.check_divides(cfg.es.popsize, num_processes)  # one CPU device per process
         else:
@@ -247,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = runner.run(cfg, run_dir, prepared=prepared)
     except runner.Interrupted as stop:
-        print(f"stopped by {signal.Signals(stop.signum).name} after generation {stop.generation}; checkpoint "
-              f"saved. Continue with: python -m metarl.evolve resume={run_dir}", file=sys.stderr, flush=True)
+        if jax.process_index() == 0:  # every process stops after the same generation; one says so
+            print(f"stopped by {signal.Signals(stop.signum).name} after generation {stop.generation}; checkpoint "
+                  f"saved. Continue with: python -m metarl.evolve resume={run_dir}", file=sys.stderr, flush=True)
         return 128 + stop.signum
     except CheckpointError as err:
         fail(str(err))

@@ -36,7 +36,8 @@ def parse_args(argv: list[str], allowed: dict) -> tuple[Path, dict]:
         try:
             options[key] = allowed[key][0](value)
         except ValueError:
-            fail(f"{key}: {value!r} is not a valid {allowed[key][0].__name__}")
+            expected = getattr(allowed[key][0], "expected", allowed[key][0].__name__)
+            fail(f"{key}: {value!r} is not a valid {expected}")
     if not run_dir.is_dir():
         fail(f"{run_dir}: no such directory")
     if not (run_dir / "config.yaml").is_file():

@@ -14,6 +14,9 @@ def env_vars():
     env = dict(os.environ)
     env.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
     env["WANDB_MODE"] = "disabled"
+    # One process per run unless a test asks for more: `devices.num_processes=auto` (the default)
+    # would start one per core, and the suite already runs one test per core.
+    env.setdefault("METARL_NUM_PROCESSES", "1")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -6,6 +6,9 @@ import tempfile
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
+# One process per CLI run or evaluation unless a test asks for more: `auto` (the default) would start
+# one per core, and pytest-xdist already runs one test per core.
+os.environ.setdefault("METARL_NUM_PROCESSES", "1")
 
 # One compilation cache for the whole session: the CLI tests run the same tiny program in many
 # subprocesses, and only the first has to compile it.

@@ -99,3 +99,67 @@ def test_population_that_does_not_divide_is_refused_at_start(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: es.popsize: 6 does not divide over 4")
     assert not (tmp_path / "checkpoints").exists()
+
+
+def auto_env():
+    """The environment of a user who set nothing: `auto` decides the process count."""
+    env = env_vars()
+    env.pop("METARL_NUM_PROCESSES", None)
+    env["METARL_INIT_TIMEOUT"] = "120"
+    return env
+
+
+def _auto_count(cores: str, popsize: int) -> int:
+    code = f"from metarl import devices; print(devices.auto_processes({popsize}))"
+    proc = subprocess.run(["taskset", "-c", cores, sys.executable, "-c", code], env=auto_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.strip())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+def test_auto_counts_the_cores_the_affinity_allows():
+    cores = sorted(os.sched_getaffinity(0))
+    assert _auto_count(str(cores[0]), 16) == 1
+    if len(cores) >= 2:
+        two = f"{cores[0]},{cores[1]}"
+        assert _auto_count(two, 16) == 2
+        assert _auto_count(two, 7) == 1  # the largest count that divides the population
+    assert _auto_count(",".join(map(str, cores)), 1) == 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_auto_uses_every_core_and_matches_one_process(tmp_path, one_device):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *ARGS, "devices.num_processes=auto",
+                           f"run_dir={run_dir}"], cwd=tmp_path, env=auto_env(), capture_output=True,
+                          text=True, timeout=240)
+    ok(proc)
+    assert "on 2 device(s)" in proc.stdout + proc.stderr
+    assert_same_run(one_device, run_dir)
+    # Pinned to one core, the same default runs as one process.
+    pinned = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m",
+                             "metarl.evolve", *ARGS, f"run_dir={tmp_path / 'pinned'}"], cwd=tmp_path,
+                            env=auto_env(), capture_output=True, text=True, timeout=240)
+    ok(pinned)
+    assert "on 1 device(s)" in pinned.stdout + pinned.stderr
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_two_auto_runs_at_once_both_finish(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-m", "metarl.evolve", *ARGS, f"run_dir={tmp_path / name}"],
+                              cwd=tmp_path, env=auto_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for name in ("a", "b")]
+    try:
+        outs = [p.communicate(timeout=360) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
+        assert "on 2 device(s)" in out + err
+    assert records(tmp_path / "a") == records(tmp_path / "b")

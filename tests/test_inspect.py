@@ -102,6 +102,16 @@ def test_evaluate_prints_both_sides_and_the_tests(runs, capsys):
     check_image(run / inspect.FIGURES / "evaluation_64.png", (700, 400))
 
 
+@pytest.mark.timeout(600)
+def test_evaluate_split_over_two_processes_gives_the_same_agents(runs):
+    run = runs["value_loss"]
+    one = evaluate.evaluate(run, num_seeds=4, total_timesteps=64, num_processes=1)
+    two = evaluate.evaluate(run, num_seeds=4, total_timesteps=64, num_processes=2)
+    assert one["processes"] == 1 and two["processes"] == 2
+    for label, side in one["sides"].items():
+        np.testing.assert_allclose(two["sides"][label]["final_returns"], side["final_returns"], rtol=1e-5)
+
+
 def test_eval_keys_avoid_the_runs_root():
     root, keys = evaluate.eval_keys(evaluate.EVAL_ROOT, 3)
     assert root != evaluate.EVAL_ROOT and keys.shape == (3,)

@@ -23,8 +23,9 @@ def test_learns_shortest_path_and_start_value_on_8x12():
         assert len(path) == 18, f"seed {seed}: greedy path has {len(path)} steps"
         assert path[0] == 95
     np.testing.assert_allclose(q[:, 95].max(-1), START_VALUE, atol=2e-3)
-    # continuing task: every trip to the goal is an episode with return 1
-    assert np.all(np.asarray(metrics["episode_return"]) == 1.0)
+    # continuing task: every trip to the goal is an episode with return 1 (return_sum / episodes: on a
+    # GPU, XLA's float32 division may be 1 ulp off, 0.99999994, so not exact equality)
+    np.testing.assert_allclose(np.asarray(metrics["episode_return"]), 1.0, rtol=1e-6)
     # greedy with epsilon 0.1 needs a bit more than 18 steps per trip on average
     assert 100_000 / 30 < float(metrics["episodes"][:, -1].mean()) < 100_000 / 18
 
