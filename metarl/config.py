@@ -257,8 +257,6 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
     parse_overrides(overrides)  # a malformed override is named here, not after the prefix below
     forced = [o if o.startswith(("+", "~")) else "++" + o for o in overrides]
     primary = experiments_dir or str(EXPERIMENTS_DIR)
-    if experiments_dir:
-        forced.append(f"hydra.searchpath=[{Path(EXPERIMENTS_DIR).as_uri()}]")
     search = [f"hydra.searchpath=[{Path(EXPERIMENTS_DIR).as_uri()}]"] if experiments_dir else []
 
     def run(forced_overrides):
@@ -267,7 +265,7 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
                                           resolve=True)
 
     try:
-        composed = run(forced)
+        composed = run([*forced, *search])
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         # Hydra's message may name no override, or the `++` form above: find the one that fails alone.

@@ -74,7 +74,6 @@ class Prepared:
     state: Any
     start: int
     history: list
-    checkpoint_step: Optional[int]
 
 
 def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optional[Task] = None) -> Prepared:
@@ -83,7 +82,7 @@ def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optio
     task, evo = build_evolution(cfg, task=task, mesh=mesh)
     state = evo.init(jax.random.key(cfg.seed))
     history: list[dict] = []
-    start, step = 0, None
+    start = 0
     if (Path(run_dir) / checkpoints.CKPT_DIR).is_dir():
         reader = checkpoints.Checkpointer(run_dir, write=False)
         try:
@@ -94,7 +93,7 @@ def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optio
                 history = list(meta["history"])[:start]
         finally:
             reader.close()
-    return Prepared(task, evo, state, start, history, step)
+    return Prepared(task, evo, state, start, history)
 
 
 def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optional[Prepared] = None) -> dict:
