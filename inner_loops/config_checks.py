@@ -49,7 +49,7 @@ def _type_ok(kind: str, value: Any) -> bool:
         return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
     if kind == "bool":
         return isinstance(value, (bool, np.bool_))
-    return isinstance(value, {"str": str, "tuple": tuple}[kind])
+    return isinstance(value, {"str": str, "tuple": (tuple, list)}[kind])
 
 
 def check_types(config: Any) -> None:
