@@ -129,12 +129,17 @@ def _coerce(value, tp, path):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None and len(args) < len(typing.get_args(tp)):
             return None
-        for arg in args[:-1]:
+        errors = []
+        for arg in args:
             try:
                 return _coerce(value, arg, path)
-            except ConfigError:
-                pass
-        return _coerce(value, args[-1], path)
+            except ConfigError as err:
+                errors.append(err)
+        # A value of the right type but out of range (an int past int32) says so, not "a string".
+        for arg, err in zip(args, errors):
+            if isinstance(value, arg) and not isinstance(value, bool):
+                raise err
+        raise errors[-1]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: {value!r}; allowed: a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}")

@@ -108,3 +108,17 @@ def test_metrics_jsonl_holds_no_nan_or_infinity(tmp_path):
     truncate_metrics(tmp_path, 1)  # the rewrite on resume is strict JSON as well
     assert _strict((tmp_path / "metrics.jsonl").read_text()) == rows[:1] == read_metrics(tmp_path)
     assert not any(isinstance(v, float) and not math.isfinite(v) for v in rows[0].values())
+
+
+@pytest.mark.parametrize("override, message", [
+    ("devices.num_processes=10000000000000", "devices.num_processes: 10000000000000; allowed: an integer of at most"),
+    ("fitness.nonfinite_floor=-inf", "fitness.nonfinite_floor: -inf; allowed: a finite number"),
+    ("fitness.window=nan", "fitness.window: nan; allowed: a finite number"),
+])
+def test_config_ranges_in_process(override, message):
+    # The same checks the CLI runs, without a subprocess: a value of the right type, out of range.
+    from metarl import config
+
+    with pytest.raises(config.ConfigError) as err:
+        config.load("value_loss", [override])
+    assert str(err.value).startswith(message)
