@@ -59,6 +59,11 @@ class FitnessSection:
     statistic: str = "final"
     window: float = 0.2
     nonfinite_floor: Optional[float] = None
+    # How each task's return becomes a score: "baseline" maps the hand-designed baseline's return on
+    # the task to 1 and a random policy's to 0; "none" keeps raw returns. null: baseline with several
+    # tasks, none with one.
+    normalize: Optional[str] = None
+    aggregate: str = "mean"          # over tasks: mean, median or min
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +97,9 @@ class RunConfig:
     experiment: str
     seed: int = 0
     env: str = "CartPole-v1"
+    # Meta-training tasks (each an env id, or {env, inner: {...}, name}); empty: the one task `env`.
+    tasks: Optional[list] = None
+    eval_tasks: Optional[list] = None   # held out: never used for fitness
     run_dir: Optional[str] = None
     experiments_dir: Optional[str] = None   # a user's own experiment YAMLs, beside the shipped ones
     component: dict = dataclasses.field(default_factory=dict)
@@ -109,11 +117,13 @@ class RunConfig:
 STATISTICS = ("final", "auc")
 INT32_MAX = 2**31 - 1
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
+NORMALIZATIONS = ("baseline", "none")
+AGGREGATES = ("mean", "median", "min")
 INIT_MEANS = ("zeros", "init")
 WANDB_MODES = ("disabled", "offline", "online")
 
 # Settings that do not change what the search computes; a resumed run may change these.
-RESUMABLE_FIELDS = ("run_dir", "experiments_dir", "es.generations", "checkpoint", "logger", "devices")
+RESUMABLE_FIELDS = ("run_dir", "experiments_dir", "eval_tasks", "es.generations", "checkpoint", "logger", "devices")
 
 
 # --- building and checking -------------------------------------------------------------------------
@@ -154,7 +164,7 @@ def _coerce(value, tp, path):
         if path != "seed" and not -INT32_MAX - 1 <= value <= INT32_MAX:
             raise ConfigError(f"{path}: {value}; allowed: an integer of at most {INT32_MAX}")
         return value
-    if tp in (str, bool, dict) and isinstance(value, tp):
+    if tp in (str, bool, dict, list) and isinstance(value, tp):
         return value
     raise ConfigError(f"{path}: {value!r}; allowed: {_type_name(tp)}")
 
@@ -186,6 +196,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_positive("fitness.num_seeds", cfg.fitness.num_seeds)
     if cfg.fitness.statistic not in STATISTICS:
         raise ConfigError(f"fitness.statistic: {cfg.fitness.statistic!r}; allowed: {', '.join(STATISTICS)}")
+    if cfg.fitness.normalize is not None and cfg.fitness.normalize not in NORMALIZATIONS:
+        raise ConfigError(f"fitness.normalize: {cfg.fitness.normalize!r}; allowed: {', '.join(NORMALIZATIONS)} "
+                          "or null (baseline with several tasks, none with one)")
+    if cfg.fitness.aggregate not in AGGREGATES:
+        raise ConfigError(f"fitness.aggregate: {cfg.fitness.aggregate!r}; allowed: {', '.join(AGGREGATES)}")
     if not 0.0 < cfg.fitness.window <= 1.0:
         raise ConfigError(f"fitness.window: {cfg.fitness.window!r}; allowed: a fraction in (0, 1]")
     if cfg.es.init_mean not in INIT_MEANS:

@@ -66,12 +66,14 @@ def _duration(seconds: float) -> str:
 
 class Logger:
     def __init__(self, run_dir: Path, config: dict, total_generations: int, progress: bool = True,
-                 wandb_cfg: Optional[dict] = None, write: bool = True, run_name: str = ""):
+                 wandb_cfg: Optional[dict] = None, write: bool = True, run_name: str = "",
+                 task_names: Optional[list] = None):
         self.run_dir = Path(run_dir)
         self.total = total_generations
         self.progress = progress and write
         self.write = write
         self.durations: list[float] = []
+        self.task_names = list(task_names or [])
         self.wandb_run = None
         if write and wandb_cfg and wandb_cfg.get("mode", "disabled") != "disabled":
             import wandb
@@ -93,11 +95,16 @@ class Logger:
             recent = sorted(self.durations[-5:])[len(self.durations[-5:]) // 2]
             left = (self.total - g) * recent
             bad = f" | diverged {record['nonfinite']}" if record.get("nonfinite") else ""
+            if len(self.task_names) > 1 and "tasks" in record:  # the population's mean, raw (score)
+                bad += " | " + " ".join(f"{n} {t['raw_mean']:.1f} ({t['score_mean']:.2f})"
+                                        for n, t in record["tasks"].items())
             print(f"gen {g:>4}/{self.total} | best {record['best']:9.2f} | mean {record['mean']:9.2f} | "
                   f"best so far {record['best_so_far']:9.2f} | {record['fps']:9.3g} frames/s | "
                   f"{record['seconds']:6.1f} s | left {_duration(left)}{bad}", flush=True)
         if self.wandb_run is not None:
             scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
+            for name, values in record.get("tasks", {}).items():
+                scalars.update({f"tasks/{name}/{stat}": v for stat, v in values.items()})
             self.wandb_run.log(scalars, step=record["generation"])
 
     def message(self, text: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from metarl import checkpoints, devices
+from metarl import checkpoints, devices, scores
 from metarl.config import RunConfig
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task, build_task
@@ -30,14 +30,41 @@ def es_config(cfg: RunConfig) -> ESConfig:
     return ESConfig(**{k: v for k, v in dataclasses.asdict(cfg.es).items() if k in fields})
 
 
-def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto"):
+def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto",
+                    reference: Optional[dict] = None):
+    """The task and the evolution driver; ``reference`` holds the per-task baseline and random returns
+    that ``fitness.normalize=baseline`` scores against (see ``metarl.scores``; None: raw returns)."""
     task = task or build_task(cfg)
     if mesh == "auto":
         mesh = devices.population_mesh(cfg.es.popsize)
     evo = Evolution(es_config(cfg), task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
                     init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
-                    describe_search=task.describe_search)
+                    describe_search=task.describe_search,
+                    aggregate=scores.make_aggregate(reference, cfg.fitness.aggregate))
     return task, evo
+
+
+def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger=None) -> Optional[dict]:
+    """The run's stored reference returns, measured (and stored) first if the run has none yet."""
+    if scores.normalization(cfg, len(task.specs)) != "baseline":
+        return None
+    reference = scores.load_reference(run_dir, task.names)
+    if reference is None:
+        t = time.perf_counter()
+        reference = scores.measure_reference(task, cfg.seed, cfg.fitness.num_seeds)
+        if write:
+            scores.save_reference(run_dir, reference)
+        if logger is not None:
+            logger.message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
+    if logger is not None:
+        logger.message("normalised fitness = (R - random) / (baseline - random): " + "; ".join(
+            f"{n} baseline {b:.2f}, random {lo:.2f}" for n, b, lo in
+            zip(reference["tasks"], reference["base"], reference["low"])))
+        bad = scores.degenerate(reference)
+        if bad:
+            logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "
+                           "budget, so its normalised score has no scale there (the gap's size is used)")
+    return reference
 
 
 class _StopFlag:
@@ -79,6 +106,8 @@ class Prepared:
 def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optional[Task] = None) -> Prepared:
     """Build the evolution and restore the latest checkpoint, writing nothing: a checkpoint that cannot
     be read raises ``CheckpointError`` before the caller has touched the run directory."""
+    # The state's shapes do not depend on the reference returns a several-task score needs; those
+    # are measured (and stored) by `run`, once the run directory is this run's.
     task, evo = build_evolution(cfg, task=task, mesh=mesh)
     state = evo.init(jax.random.key(cfg.seed))
     history: list[dict] = []
@@ -105,6 +134,11 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     task, evo, state = prepared.task, prepared.evo, prepared.state
     start, history = prepared.start, list(prepared.history)
     config_dict = cfg.to_dict()
+    logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
+                    wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names)
+    reference = reference_for(cfg, task, run_dir, write=is_main, logger=logger)
+    if reference is not None:  # the same state, scored against the reference
+        task, evo = build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
 
     ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
     # A global, fully replicated state on the mesh: what the compiled generation takes and returns.
@@ -112,8 +146,6 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     if is_main:
         truncate_metrics(run_dir, start)
 
-    logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
-                    wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main)
     frames_per_gen = cfg.es.popsize * cfg.fitness.num_seeds * task.frames_per_eval
     if start:
         logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
@@ -135,7 +167,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
             state, stats = step(state)
             stats = jax.device_get(stats)
             seconds = time.perf_counter() - t
-            record = _record(stats, seconds, frames_per_gen)
+            record = _record(stats, seconds, frames_per_gen, task.names)
             history.append(record)
             logger.log(record)
             if record["best_so_far"] > best_so_far and is_main:
@@ -162,9 +194,13 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     return summary
 
 
-def _record(stats: dict, seconds: float, frames_per_gen: int) -> dict:
+def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:
     record = {}
     for k, v in stats.items():
+        if k == "tasks":  # per task: {name: {raw_mean, score_mean, raw_best, score_best}}
+            record[k] = {name: {stat: float(np.asarray(values)[i]) for stat, values in v.items()}
+                         for i, name in enumerate(task_names)}
+            continue
         if isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
             record[k] = jax.tree.map(float, v)
             continue
@@ -177,5 +213,6 @@ def _record(stats: dict, seconds: float, frames_per_gen: int) -> dict:
 
 def _best_info(cfg: RunConfig, task: Task, record: dict) -> dict:
     return {"experiment": cfg.experiment, "kind": task.kind, "algo": task.algo, "env": cfg.env,
+            "tasks": task.names,
             "component": cfg.component, "inner": cfg.inner, "generation": record["generation"],
             "fitness": record["best_so_far"], "seed": cfg.seed}

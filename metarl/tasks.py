@@ -39,26 +39,105 @@ def trainer_module(algo: str):
     return module, getattr(module, config_name)
 
 
-def inner_config(cfg: RunConfig):
-    """The trainer's own config from ``cfg.inner`` and ``cfg.env``, validated (errors name ``inner.X``)."""
+def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
+    """The trainer's own config for one task: ``cfg.inner`` with the task's ``inner`` on top, validated
+    (errors name ``inner.X``, or ``tasks[i].inner.X`` for a task's own setting)."""
+    spec = spec or task_specs(cfg)[0]
     inner = dict(cfg.inner)
     algo = inner.pop("algo", "ppo")
     module, config_cls = trainer_module(algo)
     fields = [f.name for f in dataclasses.fields(config_cls)]
     if "env" in inner:
-        raise ConfigError("inner.env: set the environment with the top-level `env=ID`")
+        raise ConfigError("inner.env: set the environment with the top-level `env=ID` (or `tasks`)")
+    where = {k: "inner" for k in inner}
+    for key in spec.inner:
+        if key == "algo":
+            raise ConfigError(f"{spec.path}.inner.algo: every task uses the run's trainer; allowed: set "
+                              "inner.algo for the whole run")
+        where[key] = f"{spec.path}.inner"
+    inner.update(spec.inner)
     for key in inner:
         if key not in fields:
-            raise ConfigError(f"inner.{key}: unknown setting for {algo}; allowed: "
+            raise ConfigError(f"{where[key]}.{key}: unknown setting for {algo}; allowed: "
                               f"{', '.join(f for f in fields if f != 'env')}")
     inner = {k: tuple(v) if isinstance(v, list) else v for k, v in inner.items()}
     try:
-        config = config_cls(env=cfg.env, **inner)
+        config = config_cls(env=spec.env, **inner)
         config.validate()
     except ValueError as err:
         message = str(err)
-        raise ConfigError(message if message.startswith("env:") else f"inner.{message}") from None
+        if message.startswith("env:"):
+            raise ConfigError(f"{spec.path}.env{message[3:]}" if spec.path != "env" else message) from None
+        field = message.split(":", 1)[0]
+        raise ConfigError(f"{where.get(field, 'inner')}.{message}") from None
+    if spec.path != "env":
+        _check_whole_updates(config, spec)
     return algo, module, config
+
+
+def _check_whole_updates(config, spec) -> None:
+    """A task's budget must be the frames really trained (a whole number of the trainer's updates), so
+    that budgets compared across tasks (say 4x longer) mean what they say."""
+    total, trained = getattr(config, "total_timesteps", None), getattr(config, "frames_per_run", None)
+    if total is None or trained is None or total == trained:
+        return
+    step = trained // max(1, getattr(config, "num_updates", 1)) or total
+    raise ConfigError(f"{spec.path}.inner.total_timesteps: {total} is not a whole number of updates of {step} "
+                      f"frames; allowed: a multiple of {step} such as {trained or step} or {trained + step}")
+
+
+# --- tasks -------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One task: an environment and the trainer settings that differ from the run's ``inner``."""
+
+    name: str          # unique within its list; how logs, metrics and tables name it
+    env: str
+    inner: dict        # overrides of ``cfg.inner`` for this task
+    path: str          # where it came from in the config, for error messages ("tasks[1]", or "env")
+
+
+TASK_KEYS = ("env", "inner", "name")
+
+
+def task_specs(cfg: RunConfig, field: str = "tasks") -> list[TaskSpec]:
+    """``cfg.tasks`` (or ``cfg.eval_tasks``) as TaskSpecs; no ``tasks``: the one task ``env``."""
+    items = getattr(cfg, field)
+    if items is None:
+        return [TaskSpec(cfg.env, cfg.env, {}, "env")] if field == "tasks" else []
+    if field == "tasks" and not items:
+        raise ConfigError("tasks: an empty list; allowed: a list of env ids or {env, inner, name} "
+                          "mappings, or leave it unset and give `env=ID`")
+    specs = []
+    for i, item in enumerate(items):
+        path = f"{field}[{i}]"
+        if isinstance(item, str):
+            item = {"env": item}
+        if not isinstance(item, dict):
+            raise ConfigError(f"{path}: {item!r}; allowed: an env id or a mapping of {', '.join(TASK_KEYS)}")
+        unknown = [k for k in item if k not in TASK_KEYS]
+        if unknown:
+            raise ConfigError(f"{path}.{unknown[0]}: unknown setting; allowed: {', '.join(TASK_KEYS)}")
+        env, inner = item.get("env"), item.get("inner") or {}
+        if not isinstance(env, str) or not env:
+            raise ConfigError(f"{path}.env: {env!r}; allowed: an environment id")
+        if not isinstance(inner, dict):
+            raise ConfigError(f"{path}.inner: {inner!r}; allowed: a mapping of trainer settings")
+        name = item.get("name") or _default_name(env, inner)
+        specs.append(TaskSpec(str(name), env, dict(inner), path))
+    names = [s.name for s in specs]
+    for i, spec in enumerate(specs):
+        if spec.name in names[:i]:
+            raise ConfigError(f"{spec.path}.name: {spec.name!r} names two tasks; allowed: a unique `name` "
+                              "for each")
+    return specs
+
+
+def _default_name(env: str, inner: dict) -> str:
+    if not inner:
+        return env
+    return env + "[" + ",".join(f"{k}={v}" for k, v in sorted(inner.items())) + "]"
 
 
 # --- hyperparameter search space -------------------------------------------------------------------
@@ -138,16 +217,34 @@ class HyperparamSpace:
 
 @dataclasses.dataclass
 class Task:
+    """What the outer loop evolves and how a member is scored, on one or several tasks."""
+
     kind: str
     algo: str
     component: Any                 # MLPValueLoss, LPODrift or HyperparamSpace
-    inner_config: Any
+    specs: list                    # TaskSpec per task
+    inner_configs: list            # the trainer config per task
     template: Any                  # the meta-parameters' pytree shape
     init_mean: Any                 # where the search starts
-    fitness_fn: Callable           # (meta_params, key) -> scalar, higher is better
-    frames_per_eval: int           # environment frames in one inner run
-    make_train: Callable           # meta_params-aware: (meta_params) -> train(key) -> (params, metrics)
+    fitness_fn: Callable           # (meta_params, key) -> raw score per task, shape (tasks,); higher is better
+    statistic: Callable            # learning curve (..., updates) -> score, as in fitness_fn
+    frames_per_eval: int           # environment frames in one member's inner runs, all tasks together
+    trainers: list                 # per task: meta_params -> train(key) -> (params, metrics)
+    baselines: list                # per task: train(key) -> (params, metrics) of the hand-designed rule
     describe_search: Callable | None = None  # (mean, std) -> dict logged every generation
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.specs]
+
+    @property
+    def inner_config(self):
+        """The first task's trainer config (the only one for a one-task run)."""
+        return self.inner_configs[0]
+
+    def make_train(self, meta, i: int = 0):
+        """``train(key) -> (params, metrics)`` on task ``i`` with meta-parameters ``meta``."""
+        return self.trainers[i](meta)
 
 
 def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
@@ -195,31 +292,39 @@ def _check_hidden(hidden):
         raise ConfigError(f"component.hidden: {list(hidden)!r}; allowed: a non-empty list of positive integers")
 
 
-def component_from_config(cfg: RunConfig):
+def component_from_config(cfg: RunConfig, specs: list | None = None):
     kind = cfg.component.get("kind")
     if kind not in KINDS:
         raise ConfigError(f"component.kind: {kind!r}; allowed: {', '.join(KINDS)}")
-    algo, _, inner = inner_config(cfg)
-    floats = [f.name for f in dataclasses.fields(inner) if f.metadata.get("pytree_node", True)]
-    return kind, algo, inner, _component_from_config(kind, cfg.component, floats)
+    specs = task_specs(cfg) if specs is None else specs
+    configs = [inner_config(cfg, spec) for spec in specs]
+    algo = configs[0][0]
+    inners = [c[2] for c in configs]
+    floats = [f.name for f in dataclasses.fields(inners[0]) if f.metadata.get("pytree_node", True)]
+    return kind, algo, inners, _component_from_config(kind, cfg.component, floats)
 
 
-def build_task(cfg: RunConfig) -> Task:
-    """Everything checked and built before any compilation; raises ConfigError on bad settings."""
-    kind, algo, inner, component = component_from_config(cfg)
+def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
+    """Everything checked and built before any compilation; raises ConfigError on bad settings.
+
+    ``specs`` replaces the run's own tasks (e.g. its held-out ``eval_tasks``)."""
+    specs = task_specs(cfg) if specs is None else specs
+    kind, algo, inners, component = component_from_config(cfg, specs)
     module, _ = trainer_module(algo)
     if kind in _SEAMS and algo != _SEAMS[kind]:
         raise ConfigError(f"inner.algo: {algo!r} has no {kind} seam; allowed: {_SEAMS[kind]}")
     stat = statistic_fn(cfg.fitness.statistic, cfg.fitness.window)
 
+    def trainer(inner):
+        if kind == "hyperparams":
+            return lambda meta: module.make_train(inner.replace(**component.decode(meta)))
+        train_with_seam = module.make_train(inner, **{kind: component})
+        return lambda meta: (lambda key: train_with_seam(key, {kind: meta}))
+
     if kind == "hyperparams":
         template = component.template()
-        start = {name: getattr(inner, name) for name in component.names}
+        start = {name: getattr(inners[0], name) for name in component.names}
         init_mean = component.encode(start) if cfg.es.init_mean == "init" else template
-
-        def make_train(meta):
-            train = module.make_train(inner.replace(**component.decode(meta)))
-            return lambda key: train(key)
 
         def describe_search(mean, std):
             # The search runs over z; report it in the hyperparameters' own units, with the band
@@ -237,19 +342,19 @@ def build_task(cfg: RunConfig) -> Task:
                               f"allowed: at most {INT32_MAX:,} (smaller layers)")
         template = component.init(jax.random.key(cfg.seed))
         init_mean = (jax.tree.map(jnp.zeros_like, template) if cfg.es.init_mean == "zeros" else template)
-        seam = {kind: component}
-        train_with_seam = module.make_train(inner, **seam)
 
-        def make_train(meta):
-            return lambda key: train_with_seam(key, {kind: meta})
+    trainers = [trainer(inner) for inner in inners]
 
     def fitness_fn(meta, key):
-        _, metrics = make_train(meta)(key)
-        return stat(metrics["episode_return"])
+        # Every task in one program; task i trains from its own stream of the member's seed key.
+        scores = [stat(make(meta)(jax.random.fold_in(key, i) if i else key)[1]["episode_return"])
+                  for i, make in enumerate(trainers)]
+        return jnp.stack(scores)
 
-    return Task(kind=kind, algo=algo, component=component, inner_config=inner, template=template,
-                init_mean=init_mean, fitness_fn=fitness_fn, frames_per_eval=_frames(inner),
-                make_train=make_train, describe_search=describe_search)
+    return Task(kind=kind, algo=algo, component=component, specs=specs, inner_configs=inners,
+                template=template, init_mean=init_mean, fitness_fn=fitness_fn, statistic=stat,
+                frames_per_eval=sum(_frames(inner) for inner in inners), trainers=trainers,
+                baselines=[module.make_train(inner) for inner in inners], describe_search=describe_search)
 
 
 # --- memory -------------------------------------------------------------------------------------------
@@ -296,10 +401,11 @@ def check_memory(cfg: RunConfig, task: Task, available_bytes: Optional[int], mem
     agents at once, vmapped, so, in float32 bytes:
         4 * members_here * num_seeds * run_floats * 2 (XLA's temporaries, _XLA_OVERHEAD)
         + 4 * es.popsize * num_dims * 3 (population, noise, shaped fitness) [+ 4 * num_dims^2 * 2 for CMA_ES]
-    where run_floats is one training's storage (``_run_floats``). Rough on purpose: it is meant to
-    catch a setting that is off by orders of magnitude before it compiles, not to budget a run.
+    where run_floats is one member's training storage, all its tasks together (``_run_floats``).
+    Rough on purpose: it is meant to catch a setting that is off by orders of magnitude before it
+    compiles, not to budget a run.
     """
-    run_floats = _run_floats(task.algo, task.inner_config)
+    run_floats = sum(_run_floats(task.algo, inner) for inner in task.inner_configs)  # every task at once
     num_dims = sum(int(np.size(x)) for x in jax.tree.leaves(task.template))
     es_floats = 3 * cfg.es.popsize * num_dims + (2 * num_dims ** 2 if cfg.es.strategy == "CMA_ES" else 0)
     need = 4 * (members_here * cfg.fitness.num_seeds * run_floats * _XLA_OVERHEAD + es_floats)
@@ -310,7 +416,7 @@ def check_memory(cfg: RunConfig, task: Task, available_bytes: Optional[int], mem
         field = max(excess, key=excess.get)
         raise ConfigError(
             f"{field}: one generation needs about {_gib(need)} ({members_here} members x "
-            f"{cfg.fitness.num_seeds} seeds x {_gib(4 * run_floats * _XLA_OVERHEAD)} per training) but "
+            f"{cfg.fitness.num_seeds} seeds x {_gib(4 * run_floats * _XLA_OVERHEAD)} per member and seed) but "
             f"{_gib(available_bytes)} is available; allowed: a smaller es.popsize, fitness.num_seeds or "
             f"{_SIZE_FIELDS[task.algo]} (or more devices)")
     return need

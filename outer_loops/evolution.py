@@ -152,7 +152,8 @@ class Evolution:
     def __init__(self, config: ESConfig, template: Any,
                  fitness_fn: Callable[[Any, jax.Array], jax.Array], num_seeds: int = 1,
                  init_mean: Any = None, nonfinite_floor: Optional[float] = None, mesh=None,
-                 describe_search: Optional[Callable[[Any, Any], dict]] = None):
+                 describe_search: Optional[Callable[[Any, Any], dict]] = None,
+                 aggregate: Optional[Callable[[jax.Array], tuple[jax.Array, jax.Array]]] = None):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
             raise ValueError(f"fitness.num_seeds: {num_seeds!r}; allowed: a positive integer")
         self.config = config.validate()
@@ -165,6 +166,10 @@ class Evolution:
         # describe_search(mean, std) -> dict of scalars, logged every generation (pytrees shaped
         # like the template; std is the per-dimension search width).
         self.describe_search = describe_search
+        # With several tasks fitness_fn returns one raw score per task, shape (tasks,), and
+        # aggregate(raw (popsize, tasks)) -> (fitness (popsize,), per-task scores (popsize, tasks))
+        # turns them into the one number the strategy ranks (e.g. normalised, then averaged).
+        self.aggregate = aggregate
         if mesh is not None and config.popsize % mesh.size:
             raise ValueError(f"es.popsize: {config.popsize} does not divide over {mesh.size} devices; "
                              f"allowed: a multiple of {mesh.size}")
@@ -207,8 +212,11 @@ class Evolution:
         key, k_ask, k_eval, k_tell = jax.random.split(state.key, 4)
         population, es_state = self.es.ask(k_ask, state.es_state, self.es_params)
         seed_keys = jax.random.split(k_eval, self.num_seeds)
-        per_seed = self.evaluate(population, seed_keys)                  # (popsize, num_seeds)
+        per_seed = self.evaluate(population, seed_keys)        # (popsize, num_seeds[, tasks])
         raw = jnp.mean(per_seed, axis=1)
+        if self.aggregate is not None:
+            per_task = raw
+            raw, scores = self.aggregate(per_task)
         fitness, nonfinite = replace_nonfinite(raw, self.nonfinite_floor)
         es_state, _ = self.es.tell(k_tell, population, -fitness, es_state, self.es_params)
         es_state = jax.tree.map(_strong, es_state)
@@ -232,6 +240,9 @@ class Evolution:
                  **{f"q{int(q * 100):02d}": v for q, v in zip(QUANTILES, quantiles)}}
         if self.describe_search is not None:
             stats["search"] = stats_search
+        if self.aggregate is not None:  # per task: the population's mean and the generation's best member
+            stats["tasks"] = {"raw_mean": jnp.nanmean(per_task, axis=0), "score_mean": jnp.nanmean(scores, axis=0),
+                              "raw_best": per_task[i_best], "score_best": scores[i_best]}
         return new_state, stats
 
     def mean(self, state: EvoState):

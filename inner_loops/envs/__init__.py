@@ -86,6 +86,33 @@ def step_auto_reset(env: Any) -> Callable:
     return step
 
 
+def random_policy_return(name: str, key: jax.Array, num_envs: int = 16, num_steps: int = 1000) -> jax.Array:
+    """Mean return of the episodes a uniformly random policy finishes in ``num_envs`` x ``num_steps``
+    steps of environment ``name`` (the partial returns if none finishes): the floor a learned score
+    is measured from. Jittable; every random number comes from ``key``."""
+    env, params = make(name)
+    space = env.action_space(params)
+    k_reset, k_run = jax.random.split(key)
+    obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, num_envs), params)
+
+    def step(carry, key):
+        state, ep_return, total, count = carry
+        k_act, k_step = jax.random.split(key)
+        action = jax.vmap(space.sample)(jax.random.split(k_act, num_envs))
+        _, state, reward, term, trunc, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
+            jax.random.split(k_step, num_envs), state, action, params)
+        done = jax.numpy.logical_or(term, trunc)
+        ep_return = ep_return + reward.astype(jax.numpy.float32)
+        total = total + jax.numpy.sum(jax.numpy.where(done, ep_return, 0.0))
+        count = count + jax.numpy.sum(done)
+        return (state, jax.numpy.where(done, 0.0, ep_return), total, count), None
+
+    zeros = jax.numpy.zeros(num_envs, jax.numpy.float32)
+    (_, partial, total, count), _ = jax.lax.scan(step, (state, zeros, jax.numpy.float32(0.0), 0),
+                                                 jax.random.split(k_run, num_steps))
+    return jax.numpy.where(count > 0, total / jax.numpy.maximum(count, 1), jax.numpy.mean(partial))
+
+
 def _register_builtin() -> None:
     # Imported here, after `register` exists, because each module registers itself on import.
     from metarl.inner_loops.envs import doors, gridworld  # noqa: F401

@@ -1,0 +1,100 @@
+"""Scores across tasks: returns of different environments put on one scale, then aggregated.
+
+With ``fitness.normalize=baseline`` a task's score is ``(R - R_low) / (R_base - R_low)``: ``R_base`` is
+the hand-designed baseline's return on the task (L2 value loss, PPO's clipping, or the trainer's own
+hyperparameters), scored with the run's fitness statistic, and ``R_low`` is a uniformly random policy's
+episode return. So the baseline scores 1 and random play 0 on every task, and a mean over tasks weighs
+CartPole's hundreds and Acrobot's negative returns alike. Both references are measured once, at the
+start of a run, on seeds of their own drawn from the run's seed, and stored in the run directory
+(``reference.json``), so a resumed run scores exactly as before and measures nothing again.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+REFERENCE_FILE = "reference.json"
+# Streams of the run's seed for the reference measurements; evolution splits key(seed) itself, so
+# folding in a constant gives keys it never uses.
+_BASE_STREAM, _LOW_STREAM = 0x5EED_BA5E, 0x5EED_0001
+AGGREGATES = {"mean": jnp.mean, "median": jnp.median, "min": jnp.min}
+
+
+def normalization(cfg, num_tasks: int) -> str:
+    """The run's normalisation: as configured, else ``baseline`` with several tasks, ``none`` with one."""
+    if cfg.fitness.normalize is not None:
+        return cfg.fitness.normalize
+    return "baseline" if num_tasks > 1 else "none"
+
+
+def measure_reference(task, seed: int, num_seeds: int) -> dict:
+    """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds."""
+    from metarl.inner_loops.envs import random_policy_return
+
+    root = jax.random.key(seed)
+    base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
+    low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
+    base, low = [], []
+    for spec, train in zip(task.specs, task.baselines):
+        curve = jax.jit(jax.vmap(lambda k, train=train: train(k)[1]["episode_return"]))(base_keys)
+        base.append(float(jnp.mean(task.statistic(curve))))
+        rand = jax.jit(jax.vmap(lambda k, env=spec.env: random_policy_return(env, k)))(low_keys)
+        low.append(float(jnp.mean(rand)))
+    return {"tasks": task.names, "base": base, "low": low, "num_seeds": num_seeds, "seed": seed}
+
+
+def save_reference(run_dir: Path, reference: dict) -> None:
+    path = Path(run_dir) / REFERENCE_FILE
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(reference, indent=2))
+    os.replace(tmp, path)
+
+
+def load_reference(run_dir: Path, names: list[str]) -> Optional[dict]:
+    """The stored reference if it exists and belongs to these tasks, else None."""
+    path = Path(run_dir) / REFERENCE_FILE
+    try:
+        reference = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return reference if reference.get("tasks") == list(names) else None
+
+
+def spans(reference: dict) -> np.ndarray:
+    """``base - low`` per task, kept positive so that a higher return always scores higher: where the
+    baseline is no better than random play (a budget too short to learn) the gap's size is used, and
+    1 where there is no gap at all. ``degenerate`` names those tasks."""
+    low, base = np.asarray(reference["low"], np.float64), np.asarray(reference["base"], np.float64)
+    gap = np.abs(base - low)
+    return np.where(gap > 1e-6, gap, 1.0).astype(np.float32)
+
+
+def degenerate(reference: dict) -> list[str]:
+    """Tasks whose baseline does not beat random play: their normalised score has no meaning."""
+    return [n for n, b, lo in zip(reference["tasks"], reference["base"], reference["low"]) if not b > lo]
+
+
+def normalize(raw, reference: Optional[dict]):
+    """``(raw - low) / (base - low)`` per task along the last axis; raw when ``reference`` is None."""
+    if reference is None:
+        return raw
+    low = np.asarray(reference["low"], np.float32)
+    return (raw - low) / spans(reference)
+
+
+def make_aggregate(reference: Optional[dict], how: str = "mean") -> Callable:
+    """``aggregate(raw (popsize, tasks)) -> (fitness (popsize,), scores (popsize, tasks))`` for the
+    evolution driver: scores normalised by ``reference`` (None: raw), then reduced over tasks."""
+    reduce = AGGREGATES[how]
+
+    def aggregate(raw):
+        scores = normalize(raw, reference)
+        return reduce(scores, axis=-1), scores
+
+    return aggregate

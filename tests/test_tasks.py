@@ -1,0 +1,142 @@
+"""Meta-training on several tasks: per-task fitness, normalised scores, one trace, resume, bad lists."""
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from clihelp import TINY, evolve, final_state, records, start_evolve
+
+from metarl import scores
+from metarl.config import ConfigError, load
+from metarl.outer_loops.evolution import ESConfig, Evolution
+from metarl.tasks import build_task, task_specs
+
+TWO_TASKS = "tasks=[CartPole-v1,{env: CartPole-v1, inner: {total_timesteps: 131072}}]"
+
+
+def test_normalisation_maps_the_baseline_to_one_and_random_play_to_zero():
+    reference = {"tasks": ["a", "b", "c"], "base": [500.0, -80.0, 1.0], "low": [20.0, -500.0, -1.0]}
+    raw = jnp.array([[500.0, -80.0, 1.0], [20.0, -500.0, -1.0], [260.0, -290.0, 0.0]])
+    np.testing.assert_array_equal(np.asarray(scores.normalize(raw, reference)),
+                                  [[1, 1, 1], [0, 0, 0], [0.5, 0.5, 0.5]])
+    fitness, per_task = scores.make_aggregate(reference, "min")(raw)
+    np.testing.assert_array_equal(np.asarray(fitness), [1, 0, 0.5])
+    assert per_task.shape == (3, 3)
+    # A baseline no better than random: the score still rises with the return.
+    flat = {"tasks": ["x"], "base": [10.0], "low": [22.0]}
+    assert scores.degenerate(flat) == ["x"]
+    low, high = np.asarray(scores.normalize(jnp.array([[10.0], [30.0]]), flat))[:, 0]
+    assert high > low
+
+
+def test_several_tasks_trace_the_generation_once():
+    def fitness(params, key):  # two "tasks" with different optima
+        return jnp.stack([-jnp.sum((params["x"] - 1.0) ** 2), -jnp.sum((params["x"] + 1.0) ** 2)])
+
+    evo = Evolution(ESConfig(popsize=8), {"x": jnp.zeros(3)}, fitness, num_seeds=2,
+                    aggregate=scores.make_aggregate(None, "mean"))
+    state = evo.init(jax.random.key(0))
+    for _ in range(3):
+        state, stats = evo.step(state)
+    assert evo.trace_count == 1
+    assert stats["tasks"]["raw_mean"].shape == (2,) and stats["fitness"].shape == (8,)
+    np.testing.assert_allclose(np.mean(stats["fitness"]), np.mean(stats["tasks"]["raw_mean"]), rtol=1e-5)
+
+
+def test_task_specs_from_the_command_line_and_mappings():
+    cfg = load("value_loss", ["tasks=[CartPole-v1,Acrobot-v1]"])
+    assert [(s.name, s.env) for s in task_specs(cfg)] == [("CartPole-v1", "CartPole-v1"), ("Acrobot-v1", "Acrobot-v1")]
+    cfg = load("value_loss", [TWO_TASKS, "eval_tasks=[Catch-bsuite]"])
+    specs = task_specs(cfg)
+    assert specs[1].name == "CartPole-v1[total_timesteps=131072]" and specs[1].inner == {"total_timesteps": 131072}
+    assert [s.env for s in task_specs(cfg, "eval_tasks")] == ["Catch-bsuite"]
+    task = build_task(cfg)
+    assert [c.total_timesteps for c in task.inner_configs] == [65536, 131072]
+    assert task.frames_per_eval == 65536 + 131072
+    assert [s.name for s in task_specs(load("value_loss", []))] == ["CartPole-v1"]  # env= is one task
+
+
+@pytest.mark.parametrize("override, field", [
+    ("tasks=[]", "tasks"),
+    ("tasks=[CartPole-v1,NoSuchEnv-v0]", "tasks[1].env"),
+    ("tasks=[{env: CartPole-v1, inner: {total_timesteps: 1000}}]", "tasks[0].inner.total_timesteps"),
+    ("tasks=[{env: CartPole-v1, budget: 3}]", "tasks[0].budget"),
+    ("tasks=[{env: CartPole-v1, inner: {no_such: 1}}]", "tasks[0].inner.no_such"),
+    ("tasks=[CartPole-v1,CartPole-v1]", "tasks[1].name"),
+])
+def test_bad_task_lists_name_the_field(override, field):
+    with pytest.raises(ConfigError) as err:
+        build_task(load("value_loss", [override]))
+    message = str(err.value)
+    assert message.startswith(f"{field}:") and "\n" not in message, message
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("override", ["tasks=[]", "tasks=[CartPole-v1,NoSuchEnv-v0]",
+                                      "tasks=[{env: CartPole-v1, inner: {total_timesteps: 100}}]"])
+def test_bad_task_lists_exit_2_before_anything_is_written(tmp_path, override):
+    proc = evolve(["experiment=value_loss", *TINY, override, "run_dir=run"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: tasks"), proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+ARGS = ["experiment=value_loss", *[a for a in TINY if not a.startswith("inner.total_timesteps")],
+        "inner.total_timesteps=1024", "tasks=[CartPole-v1,{env: CartPole-v1, inner: {total_timesteps: 512}}]",
+        "es.generations=5"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    evolve([*ARGS, f"run_dir={run_dir}"], cwd=run_dir.parent, check=True)
+    return run_dir
+
+
+@pytest.mark.timeout(600)
+def test_two_task_run_writes_per_task_fitness_and_its_reference(straight):
+    recs = records(straight)
+    assert len(recs) == 5
+    names = ["CartPole-v1", "CartPole-v1[total_timesteps=512]"]
+    for r in recs:
+        assert list(r["tasks"]) == names
+        for t in r["tasks"].values():
+            assert set(t) == {"raw_mean", "score_mean", "raw_best", "score_best"}
+    reference = json.loads((straight / "reference.json").read_text())
+    assert reference["tasks"] == names and len(reference["base"]) == len(reference["low"]) == 2
+    # The fitness the strategy ranked is the mean of the normalised scores.
+    r = recs[-1]
+    np.testing.assert_allclose(r["mean"], np.mean([t["score_mean"] for t in r["tasks"].values()]), rtol=1e-4)
+    best = json.loads((straight / "best_meta_params.json").read_text())
+    assert best["tasks"] == names
+
+
+@pytest.mark.timeout(900)
+def test_multi_task_run_killed_and_resumed_equals_the_straight_run(tmp_path, straight):
+    run_dir = tmp_path / "killed"
+    proc = start_evolve([*ARGS, f"run_dir={run_dir}"], cwd=tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(metrics.read_text().splitlines()) < 5, "the run finished before it could be killed"
+    reference = (run_dir / "reference.json").read_text()
+    final = evolve([*ARGS, f"run_dir={run_dir}"], cwd=tmp_path, check=True)
+    assert "measured the reference" not in final.stdout  # read back, not measured again
+    assert (run_dir / "reference.json").read_text() == reference
+    assert records(run_dir) == records(straight)
+    (sa, ma), (sb, mb) = final_state(run_dir), final_state(straight)
+    assert ma["generation"] == mb["generation"] == 5
+    for x, y in zip(jax.tree.leaves(sa.es_state), jax.tree.leaves(sb.es_state)):
+        np.testing.assert_array_equal(x, y)
