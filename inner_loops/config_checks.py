@@ -7,6 +7,7 @@ as a tracer and leave it alone; they run on concrete values at the edge.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import jax
@@ -26,9 +27,39 @@ def concrete(x: Any) -> Optional[float]:
     return float(arr) if arr.ndim == 0 else None
 
 
+# Sizes and budgets end up as int32 inside JAX (loop bounds, array shapes, step counters).
+INT32_MAX = 2**31 - 1
+
+
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}: {value!r}; allowed: an integer >= {minimum}")
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+            or not minimum <= value <= INT32_MAX):
+        raise ValueError(f"{name}: {value!r}; allowed: an integer from {minimum} to {INT32_MAX}")
+
+
+_ALLOWED = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "tuple": "a list such as [64, 64]"}
+
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if kind == "float":  # a Python number, or an array/tracer when vmapped over hyperparameters
+        return not isinstance(value, (bool, str)) and (isinstance(value, (int, float, np.number))
+                                                       or hasattr(value, "dtype"))
+    if kind == "int":
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, (bool, np.bool_))
+    return isinstance(value, {"str": str, "tuple": (tuple, list)}[kind])
+
+
+def check_types(config: Any) -> None:
+    """One-line ValueError naming the first field whose value has the wrong type for its annotation
+    (e.g. a string where a learning rate goes), before any check does arithmetic on it."""
+    for field in dataclasses.fields(config):
+        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+        value = getattr(config, field.name)
+        if kind in _ALLOWED and not _type_ok(kind, value):
+            raise ValueError(f"{field.name}: {value!r}; allowed: {_ALLOWED[kind]}")
 
 
 def check_range(name: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
@@ -42,7 +73,7 @@ def check_range(name: str, value: Any, low: Optional[float] = None, high: Option
     if too_low or too_high or not np.isfinite(v):
         lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
         hi = "" if high is None else f"<= {high}"
-        raise ValueError(f"{name}: {v!r}; allowed: {' and '.join(s for s in (lo, hi) if s)}")
+        raise ValueError(f"{name}: {v!r}; allowed: {' and '.join(s for s in (lo, hi) if s) or 'a finite number'}")
 
 
 def with_overrides(config: Any, meta_params: Optional[dict], allowed: tuple) -> Any:

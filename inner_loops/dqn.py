@@ -39,7 +39,9 @@ from flax import struct
 
 from metarl.inner_loops import envs
 from metarl.inner_loops.flat_mlp import Adam, FlatMLP, adam_init, adam_step
+from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
+from metarl.inner_loops.config_checks import check_types as _check_types
 from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.config_checks import static as _static
 
@@ -94,7 +96,9 @@ class DQNConfig:
         return self.total_timesteps // self.log_interval
 
     def validate(self) -> "DQNConfig":
+        _check_types(self)
         envs.check_name(self.env, "env")
+        envs.check_discrete_actions(self.env, dict(self.env_kwargs), "DQN")
         if self.epsilon_schedule not in EPSILON_SCHEDULES:
             raise ValueError(
                 f"epsilon_schedule: unknown {self.epsilon_schedule!r}; allowed: {', '.join(EPSILON_SCHEDULES)}"
@@ -103,11 +107,8 @@ class DQNConfig:
             raise ValueError(f"loss: unknown {self.loss!r}; allowed: {', '.join(LOSSES)}")
         for name in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "target_update_period",
                      "log_interval", "unroll"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: {value!r} must be a positive integer; allowed: >= 1")
-        if not isinstance(self.learning_starts, int) or self.learning_starts < 0:
-            raise ValueError(f"learning_starts: {self.learning_starts!r} must be >= 0; allowed: integer >= 0")
+            _check_positive_int(name, getattr(self, name))
+        _check_positive_int("learning_starts", self.learning_starts, minimum=0)
         if not self.hidden or any(not isinstance(h, int) or h < 1 for h in self.hidden):
             raise ValueError(f"hidden: {self.hidden!r} must be a non-empty tuple of positive ints; allowed: e.g. (64, 64)")
         if self.log_interval % self.num_envs:

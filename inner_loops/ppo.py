@@ -35,6 +35,7 @@ from gymnax.environments import spaces
 from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
+from metarl.inner_loops.config_checks import check_types as _check_types
 from metarl.inner_loops.config_checks import static as _static
 from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
@@ -100,6 +101,7 @@ class PPOConfig:
 
     def validate(self) -> "PPOConfig":
         """Raise a one-line ValueError naming the first bad field; traced values are not checked."""
+        _check_types(self)
         envs_lib.check_name(self.env, "env")
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
                      "rollout_unroll"):

@@ -33,7 +33,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from metarl.inner_loops import envs
+from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
+from metarl.inner_loops.config_checks import check_types as _check_types
 from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.config_checks import static as _static
 
@@ -62,13 +64,13 @@ class QLearningConfig:
         return self.total_timesteps // self.log_interval
 
     def validate(self) -> "QLearningConfig":
+        _check_types(self)
         envs.check_name(self.env, "env")
+        envs.check_tabular(self.env, dict(self.env_kwargs), "Q-learning")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm: unknown {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
         for name in ("total_timesteps", "log_interval", "unroll"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: {value!r} must be a positive integer; allowed: >= 1")
+            _check_positive_int(name, getattr(self, name))
         if self.total_timesteps % self.log_interval:
             raise ValueError(
                 f"total_timesteps: {self.total_timesteps} is not a multiple of log_interval={self.log_interval}; "
@@ -77,6 +79,7 @@ class QLearningConfig:
         _check_range("alpha", self.alpha, low=0.0, high=1.0, low_open=True)  # alpha 0 never learns
         _check_range("gamma", self.gamma, low=0.0, high=1.0)
         _check_range("epsilon", self.epsilon, low=0.0, high=1.0)
+        _check_range("q_init", self.q_init)  # any finite value
         return self
 
 
@@ -132,8 +135,6 @@ def make_train(config: QLearningConfig):
     """
     config.validate()
     env, env_params = envs.make(config.env, **dict(config.env_kwargs))
-    if not hasattr(env, "state_from_index"):
-        raise ValueError(f"env: {config.env!r} has no tabular interface; allowed: GridWorld, Doors")
     num_states, num_actions = env.num_states(env_params), env.num_actions
     max_steps = int(env_params.max_steps_in_episode)
     # Paying for an episode clock only when the env has a time limit keeps the reference task lean.

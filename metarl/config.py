@@ -5,6 +5,8 @@ says what is allowed (``ConfigError``); nothing is compiled before the config is
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import typing
 from pathlib import Path
 from typing import Optional
@@ -113,6 +115,8 @@ class RunConfig:
 
 
 STATISTICS = ("final", "auc")
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 NORMALIZATIONS = ("baseline", "none")
 AGGREGATES = ("mean", "median", "min")
 INIT_MEANS = ("zeros", "init")
@@ -135,19 +139,30 @@ def _coerce(value, tp, path):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None and len(args) < len(typing.get_args(tp)):
             return None
-        for arg in args[:-1]:
+        errors = []
+        for arg in args:
             try:
                 return _coerce(value, arg, path)
-            except ConfigError:
-                pass
-        return _coerce(value, args[-1], path)
+            except ConfigError as err:
+                errors.append(err)
+        # A value of the right type but out of range (an int past int32) says so, not "a string".
+        for arg, err in zip(args, errors):
+            if isinstance(value, arg) and not isinstance(value, bool):
+                raise err
+        raise errors[-1]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: {value!r}; allowed: a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}")
         return build(tp, value, path + ".")
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # nan or inf would reach the search as a number and come out as non-JSON metrics.
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: {value!r}; allowed: a finite number")
         return float(value)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        # Sizes, counts and budgets become int32 inside JAX; the seed has its own, wider range.
+        if path != "seed" and not -INT32_MAX - 1 <= value <= INT32_MAX:
+            raise ConfigError(f"{path}: {value}; allowed: an integer of at most {INT32_MAX}")
         return value
     if tp in (str, bool, dict, list) and isinstance(value, tp):
         return value
@@ -198,9 +213,46 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not (n == "auto" or (isinstance(n, int) and n > 0)):
         raise ConfigError(f"devices.num_processes: {n!r}; allowed: auto (one process per usable CPU core, or "
                           "one for all local GPUs) or a positive integer")
-    if cfg.seed < 0:
-        raise ConfigError(f"seed: {cfg.seed}; allowed: a non-negative integer")
+    if not 0 <= cfg.seed <= SEED_MAX:
+        raise ConfigError(f"seed: {cfg.seed}; allowed: an integer from 0 to {SEED_MAX}")
     return cfg
+
+
+def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
+    """Refuse a path that cannot become a directory: an existing file, a path under a file, or a
+    place this user may not create it in. Nothing is created here. Checked where a run starts, not in
+    ``validate``: a saved config read on another machine (inspect, evaluate) names a path of that one."""
+    path = Path(run_dir).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{field}: {run_dir} is a file; allowed: a new or existing directory")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{field}: {run_dir} lies under the file {parent}; allowed: a path under a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{field}: {run_dir} cannot be written ({parent} is not writable); allowed: a "
+                          "directory you can write to")
+
+
+def parse_overrides(overrides: list[str]) -> list:
+    """Hydra's reading of each ``key=value``, one at a time, so that a malformed one is named in a
+    one-line error with what was expected (Hydra's own message names neither)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~") or override
+        try:
+            parsed.append(parser.parse_overrides([override])[0])
+        except HydraException as err:
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"{key}: cannot read the override {override!r} ({reason}); allowed: KEY=VALUE "
+                              "with VALUE a number, a word, true/false, null or a list such as [64,64] "
+                              "(quoted in the shell)") from None
+    return parsed
 
 
 def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None) -> dict:
@@ -222,17 +274,30 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
                           f"{', '.join(available_experiments(experiments_dir))}")
     # `++key=value` adds or overrides, so that any trainer field can be set from the command line;
     # unknown keys are refused afterwards by `build`, with the allowed names.
+    parse_overrides(overrides)  # a malformed override is named here, not after the prefix below
     forced = [o if o.startswith(("+", "~")) else "++" + o for o in overrides]
     primary = experiments_dir or str(EXPERIMENTS_DIR)
-    if experiments_dir:
-        forced.append(f"hydra.searchpath=[{Path(EXPERIMENTS_DIR).as_uri()}]")
-    try:
+    search = [f"hydra.searchpath=[{Path(EXPERIMENTS_DIR).as_uri()}]"] if experiments_dir else []
+
+    def run(forced_overrides):
         with initialize_config_dir(version_base="1.3", config_dir=primary, job_name="metarl"):
-            composed = OmegaConf.to_container(hydra_compose(config_name=experiment, overrides=forced),
-                                              resolve=True)
+            return OmegaConf.to_container(hydra_compose(config_name=experiment, overrides=forced_overrides),
+                                          resolve=True)
+
+    try:
+        composed = run([*forced, *search])
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"overrides: {first}") from None
+        # Hydra's message may name no override, or the `++` form above: find the one that fails alone.
+        key = "overrides"
+        for override, one in zip(overrides, forced):
+            try:
+                run([one, *search])
+            except (HydraException, OmegaConfBaseException):
+                key = override.split("=", 1)[0].lstrip("+~")
+                break
+        raise ConfigError(f"{key}: {first.replace('++', '').rstrip('.')}; allowed: a value of the setting's type "
+                          "(see experiments/base.yaml), as key=value") from None
     composed.pop("hydra", None)
     composed["experiments_dir"] = experiments_dir
     return composed

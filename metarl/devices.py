@@ -58,6 +58,28 @@ def replicate(tree: Any, mesh: Optional[Any]) -> Any:
     return jax.tree.map(lambda x: _global_leaf(x, sharding), tree)
 
 
+def memory_per_device() -> Optional[int]:
+    """Bytes one device can hold: the accelerator's own limit, or on CPU the machine's physical
+    memory (CPU devices share it); None when unknown."""
+    device = jax.local_devices()[0]
+    if device.platform != "cpu":
+        stats = device.memory_stats() or {}
+        return stats.get("bytes_limit")
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def members_per_memory(popsize: int, num_local_processes: int = 1) -> int:
+    """Members of the population that share one device's memory: a device's share on an
+    accelerator; on CPU every member this host runs (its devices and local processes share RAM)."""
+    if jax.local_devices()[0].platform != "cpu":
+        return -(-popsize // jax.device_count())
+    return -(-popsize * max(num_local_processes, jax.local_device_count()) // max(jax.device_count(),
+                                                                                     num_local_processes))
+
+
 def enable_compilation_cache() -> None:
     """Keep compiled generations on disk, so that a resumed or repeated run skips compilation.
 

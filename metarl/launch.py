@@ -41,18 +41,26 @@ def _worst(codes: list[int]) -> int:
     return max(codes, key=lambda c: (c != 0, c))
 
 
-def launch(argv: list[str], num_processes: int, poll_s: float = 0.2) -> int:
-    """Run ``python -m metarl.evolve *argv`` as ``num_processes`` processes; returns the worst exit code."""
+def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock_fd: Optional[int] = None) -> int:
+    """Run ``python -m metarl.evolve *argv`` as ``num_processes`` processes; returns the worst exit code.
+
+    ``lock_fd``: the run directory's lock (``metarl.runlock``), held by this parent and inherited by
+    every child, so the directory stays locked while any of them lives, even if the parent is killed.
+    """
+    from metarl.runlock import ENV_FD
+
     port = free_port()
     children: list[subprocess.Popen] = []
     for pid, cores in enumerate(core_sets(num_processes)):
         env = dict(os.environ, METARL_COORDINATOR=f"127.0.0.1:{port}", METARL_PROCESS_ID=str(pid),
                    METARL_NUM_PROCESSES=str(num_processes))
+        if lock_fd is not None:
+            env[ENV_FD] = str(lock_fd)
         if cores:
             env["METARL_CPUS"] = ",".join(map(str, sorted(cores)))  # devices.setup pins itself
         # Own session: a Ctrl-C in the terminal reaches the parent only, which forwards it once.
         children.append(subprocess.Popen([sys.executable, "-m", "metarl.evolve", *argv], env=env,
-                                         start_new_session=True))
+                                         start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,)))
 
     signalled = []
 

@@ -27,6 +27,22 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
+def _json_safe(value):
+    """``value`` with every NaN or infinity as None: JSON has no token for them (Python's json would
+    write ``NaN``, which strict readers refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def to_json_line(record: dict) -> str:
+    return json.dumps(_json_safe(record), allow_nan=False) + "\n"
+
+
 def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
     """Keep the records of generations before ``generations_done``: a resumed run recomputes the rest,
     so each generation appears exactly once."""
@@ -35,7 +51,7 @@ def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
         return
     kept = [r for r in read_metrics(run_dir) if r.get("generation", -1) < generations_done]
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.write_text("".join(to_json_line(r) for r in kept))
     os.replace(tmp, path)
 
 
@@ -72,7 +88,7 @@ class Logger:
         if not self.write:
             return
         with open(self.run_dir / METRICS_FILE, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(to_json_line(record))
         self.durations.append(record["seconds"])
         if self.progress:
             g = record["generation"] + 1

@@ -92,25 +92,55 @@ class _StopFlag:
             signal.signal(sig, old)
 
 
-def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto") -> dict:
-    """Run (or continue) the evolution described by ``cfg`` in ``run_dir``; returns a summary."""
+@dataclasses.dataclass
+class Prepared:
+    """A run ready to go: its task, evolution, and the state to start from (restored if any)."""
+
+    task: Task
+    evo: Evolution
+    state: Any
+    start: int
+    history: list
+
+
+def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optional[Task] = None) -> Prepared:
+    """Build the evolution and restore the latest checkpoint, writing nothing: a checkpoint that cannot
+    be read raises ``CheckpointError`` before the caller has touched the run directory."""
+    # The state's shapes do not depend on the reference returns a several-task score needs; those
+    # are measured (and stored) by `run`, once the run directory is this run's.
+    task, evo = build_evolution(cfg, task=task, mesh=mesh)
+    state = evo.init(jax.random.key(cfg.seed))
+    history: list[dict] = []
+    start = 0
+    if (Path(run_dir) / checkpoints.CKPT_DIR).is_dir():
+        reader = checkpoints.Checkpointer(run_dir, write=False)
+        try:
+            step = reader.latest_step()
+            if step is not None:
+                state, meta = reader.restore(state, step)
+                start = int(meta["generation"])
+                history = list(meta["history"])[:start]
+        finally:
+            reader.close()
+    return Prepared(task, evo, state, start, history)
+
+
+def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optional[Prepared] = None) -> dict:
+    """Run (or continue) the evolution described by ``cfg`` in ``run_dir``; returns a summary.
+    ``prepared`` (from ``prepare``) skips building and restoring again."""
     run_dir = Path(run_dir).resolve()
     is_main = jax.process_index() == 0
-    task = build_task(cfg)
+    prepared = prepared or prepare(cfg, run_dir, mesh=mesh)
+    task, evo, state = prepared.task, prepared.evo, prepared.state
+    start, history = prepared.start, list(prepared.history)
     config_dict = cfg.to_dict()
     logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
                     wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names)
     reference = reference_for(cfg, task, run_dir, write=is_main, logger=logger)
-    task, evo = build_evolution(cfg, task, mesh=mesh, reference=reference)
+    if reference is not None:  # the same state, scored against the reference
+        task, evo = build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
 
     ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
-    state = evo.init(jax.random.key(cfg.seed))
-    history: list[dict] = []
-    start = 0
-    if ckpt.latest_step() is not None:
-        state, meta = ckpt.restore(state)
-        start = int(meta["generation"])
-        history = list(meta["history"])[:start]
     # A global, fully replicated state on the mesh: what the compiled generation takes and returns.
     state = devices.replicate(state, evo.mesh)
     if is_main:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from metarl.inner_loops.components import TEMPORAL_INPUTS, VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
-from metarl.config import ConfigError, RunConfig
+from metarl.config import INT32_MAX, ConfigError, RunConfig
 
 # algo name -> (module, config class); imported on use so a trainer's import cost is paid only by its runs.
 TRAINERS = {
@@ -142,6 +142,12 @@ def _default_name(env: str, inner: dict) -> str:
 
 # --- hyperparameter search space -------------------------------------------------------------------
 
+def _bound(path: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{path}: {value!r}; allowed: a finite number")
+    return float(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class HyperparamSpace:
     """Each hyperparameter is ``low + (high - low) * sigmoid(z)``, in log space where ``log``; the
@@ -166,7 +172,10 @@ class HyperparamSpace:
             extra = set(spec) - {"low", "high", "log"}
             if extra:
                 raise ConfigError(f"{path}.{sorted(extra)[0]}: unknown setting; allowed: low, high, log")
-            low, high, log = float(spec["low"]), float(spec["high"]), bool(spec.get("log", False))
+            low, high = _bound(f"{path}.low", spec["low"]), _bound(f"{path}.high", spec["high"])
+            log = spec.get("log", False)
+            if not isinstance(log, bool):
+                raise ConfigError(f"{path}.log: {log!r}; allowed: true or false")
             if not low < high:
                 raise ConfigError(f"{path}: low {low} must be below high {high}")
             if log and low <= 0:
@@ -329,6 +338,12 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
             return {"mean": component.decode(mean), "low": component.decode(low), "high": component.decode(high)}
     else:
         describe_search = None
+        # The search runs over one flat vector indexed in int32: count before allocating anything.
+        shapes = jax.eval_shape(component.init, jax.random.key(cfg.seed))
+        num_dims = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+        if num_dims > INT32_MAX:
+            raise ConfigError(f"component.hidden: {list(component.hidden)!r} makes {num_dims:,} meta-parameters; "
+                              f"allowed: at most {INT32_MAX:,} (smaller layers)")
         template = component.init(jax.random.key(cfg.seed))
         init_mean = (jax.tree.map(jnp.zeros_like, template) if cfg.es.init_mean == "zeros" else template)
 
@@ -344,6 +359,75 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
                 template=template, init_mean=init_mean, fitness_fn=fitness_fn, statistic=stat,
                 frames_per_eval=sum(_frames(inner) for inner in inners), trainers=trainers,
                 baselines=[module.make_train(inner) for inner in inners], describe_search=describe_search)
+
+
+# --- memory -------------------------------------------------------------------------------------------
+
+def _mlp_floats(sizes) -> int:
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def _run_floats(algo: str, inner) -> int:
+    """Floats one inner training holds at once, roughly: its rollout or replay storage, its networks
+    (x4: parameters, gradients and Adam's two moments; DQN x5 with the target network), its table,
+    and its per-update metrics."""
+    from metarl.inner_loops import envs as envs_lib
+
+    env, params = envs_lib.make(inner.env, **dict(getattr(inner, "env_kwargs", ())))
+    obs = int(np.prod(env.observation_space(params).shape))
+    space = env.action_space(params)
+    actions = int(getattr(space, "n", 0) or np.prod(getattr(space, "shape", (1,))))
+    if algo == "ppo":
+        hidden = list(inner.hidden_sizes)
+        nets = _mlp_floats([obs, *hidden, actions]) + _mlp_floats([obs, *hidden, 1])
+        rollout = inner.num_envs * inner.num_steps * (2 * obs + 8)  # obs, final obs, 8 scalars per step
+        return rollout + 4 * nets + 8 * inner.num_updates
+    if algo == "dqn":
+        net = _mlp_floats([obs, *inner.hidden, actions])
+        replay = inner.buffer_size * (2 * obs + 3)  # obs, next obs, action, reward, done
+        return replay + inner.batch_size * (2 * obs + max(inner.hidden)) + 5 * net + 8 * inner.num_logs
+    states = env.num_states(params) if hasattr(env, "num_states") else 1
+    return 8 * states * actions + 8 * inner.num_logs  # dynamics tables and the Q table
+
+
+# What each algorithm's storage grows with, to name in the advice when memory runs short.
+_SIZE_FIELDS = {"ppo": "inner.num_envs", "dqn": "inner.buffer_size", "q_learning": "inner.total_timesteps"}
+# XLA keeps temporaries (minibatches, activations, scan carries) beside the storage; a rough factor,
+# set so the estimate sits just above the peak measured on an H100 in benchmarks/h100_sweep.json
+# (value_loss, 4 envs x 64 steps, 2 seeds: 4.2 GiB measured at popsize 8192, 5.3 GiB estimated).
+_XLA_OVERHEAD = 2
+
+
+def check_memory(cfg: RunConfig, task: Task, available_bytes: Optional[int], members_here: int) -> int:
+    """Refuse a generation that cannot fit; returns the estimate in bytes.
+
+    One generation trains ``members_here`` (this device's share of es.popsize) x fitness.num_seeds
+    agents at once, vmapped, so, in float32 bytes:
+        4 * members_here * num_seeds * run_floats * 2 (XLA's temporaries, _XLA_OVERHEAD)
+        + 4 * es.popsize * num_dims * 3 (population, noise, shaped fitness) [+ 4 * num_dims^2 * 2 for CMA_ES]
+    where run_floats is one member's training storage, all its tasks together (``_run_floats``).
+    Rough on purpose: it is meant to catch a setting that is off by orders of magnitude before it
+    compiles, not to budget a run.
+    """
+    run_floats = sum(_run_floats(task.algo, inner) for inner in task.inner_configs)  # every task at once
+    num_dims = sum(int(np.size(x)) for x in jax.tree.leaves(task.template))
+    es_floats = 3 * cfg.es.popsize * num_dims + (2 * num_dims ** 2 if cfg.es.strategy == "CMA_ES" else 0)
+    need = 4 * (members_here * cfg.fitness.num_seeds * run_floats * _XLA_OVERHEAD + es_floats)
+    if available_bytes and need > available_bytes:
+        # Name the setting furthest above its default as the one to shrink first.
+        excess = {"es.popsize": cfg.es.popsize / 16, "fitness.num_seeds": cfg.fitness.num_seeds / 2,
+                  _SIZE_FIELDS[task.algo]: run_floats / 2**18}
+        field = max(excess, key=excess.get)
+        raise ConfigError(
+            f"{field}: one generation needs about {_gib(need)} ({members_here} members x "
+            f"{cfg.fitness.num_seeds} seeds x {_gib(4 * run_floats * _XLA_OVERHEAD)} per member and seed) but "
+            f"{_gib(available_bytes)} is available; allowed: a smaller es.popsize, fitness.num_seeds or "
+            f"{_SIZE_FIELDS[task.algo]} (or more devices)")
+    return need
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n >= 2**30 else f"{n / 2**20:.3g} MiB"
 
 
 def _frames(inner) -> int:

@@ -69,10 +69,12 @@ class ESConfig:
         if self.needs_even_popsize() and self.popsize % 2:
             raise ValueError(f"es.popsize: {self.popsize} is odd but {self.strategy} samples antithetic "
                              f"pairs; allowed: an even number such as {self.popsize + 1}")
-        if not self.std_init > 0:
-            raise ValueError(f"es.std_init: {self.std_init!r}; allowed: > 0")
-        if not self.lr > 0:
-            raise ValueError(f"es.lr: {self.lr!r}; allowed: > 0")
+        if not 0 < self.std_init < float("inf"):
+            raise ValueError(f"es.std_init: {self.std_init!r}; allowed: a finite number > 0")
+        if not 0 < self.lr < float("inf"):
+            raise ValueError(f"es.lr: {self.lr!r}; allowed: a finite number > 0")
+        if not 0 <= self.adam_b1 < 1:
+            raise ValueError(f"es.adam_b1: {self.adam_b1!r}; allowed: >= 0 and < 1")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"es.optimizer: {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
         if self.fitness_shaping is not None and self.fitness_shaping not in FITNESS_SHAPING:

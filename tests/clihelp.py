@@ -61,3 +61,12 @@ def final_state(run_dir):
         return ckpt.restore(evo.init(jax.random.key(0)))
     finally:
         ckpt.close()
+
+
+def snapshot(root):
+    """Every path under ``root`` with its bytes (None for a directory): equal snapshots mean nothing
+    was written, removed or changed."""
+    from pathlib import Path
+
+    root = Path(root)
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import TINY, env_vars, evolve
+from clihelp import TINY, env_vars, evolve, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,15 +73,46 @@ def test_other_experiments_run(tmp_path, experiment):
     (["experiment=value_loss", "es.typo=3"], "es.typo"),
     (["experiment=value_loss", "inner.num_minibatches=3"], "inner.num_minibatches"),
     (["experiment=value_loss", "logger.wandb.mode=sometimes"], "logger.wandb.mode"),
+    # A path that cannot be a directory: a file, or under one.
+    (["experiment=value_loss", "run_dir={tmp}/afile"], "run_dir"),
+    (["experiment=value_loss", "run_dir={tmp}/afile/run"], "run_dir"),
+    (["resume={tmp}/afile"], "resume"),
+    # Integers beyond what JAX takes (a seed is a C long; sizes are int32).
+    (["experiment=value_loss", "seed=99999999999999999999"], "seed"),
+    (["experiment=value_loss", "es.popsize=1000000000000"], "es.popsize"),
+    (["experiment=value_loss", "fitness.num_seeds=1000000000000"], "fitness.num_seeds"),
+    (["experiment=value_loss", "inner.num_steps=4294967296"], "inner.num_steps"),
+    # Fits int32 but not in memory: refused by the estimate, before compiling.
+    (["experiment=value_loss", "fitness.num_seeds=1000000000"], "fitness.num_seeds"),
+    # Non-finite floats, and the wrong type where a number or a list goes.
+    (["experiment=value_loss", "es.lr=inf"], "es.lr"),
+    (["experiment=value_loss", "es.std_init=nan"], "es.std_init"),
+    (["experiment=value_loss", "fitness.nonfinite_floor=nan"], "fitness.nonfinite_floor"),
+    (["experiment=value_loss", "inner.gamma=nan"], "inner.gamma"),
+    (["experiment=value_loss", "inner.lr=fast"], "inner.lr"),
+    (["experiment=value_loss", "inner.hidden_sizes=64"], "inner.hidden_sizes"),
+    (["experiment=value_loss", "component.hidden=[100000,100000]"], "component.hidden"),
+    (["experiment=hyperparams", "component.search.lr.low=fast"], "component.search.lr.low"),
+    # A trainer that cannot act in the environment: DQN scores a finite set of actions.
+    (["experiment=dqn_hyperparams", "env=Pendulum-v1"], "env"),
+    # Malformed overrides name themselves, with no internal prefix.
+    (["experiment=value_loss", "es.popsize=[1,2"], "es.popsize"),
+    (["experiment=value_loss", "=4"], "argument '=4'"),
+    (["experiment=value_loss", "inner=[1]"], "inner"),  # Hydra's own error, without its `++` form
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, field):
-    proc = evolve(args + [f"run_dir={tmp_path / 'run'}"], cwd=tmp_path)
+    (tmp_path / "afile").write_text("not a directory\n")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if not any(a.startswith(("run_dir=", "resume=")) for a in args):
+        args.append(f"run_dir={tmp_path / 'run'}")
+    before = snapshot(tmp_path)
+    proc = evolve(args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: {field}:"), lines[0]
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "run").exists()  # nothing written
+    assert "Traceback" not in proc.stderr and "++" not in proc.stderr
+    assert snapshot(tmp_path) == before  # nothing written, nothing changed
 
 
 def test_help_exits_0():

@@ -26,6 +26,10 @@ TINY = dict(total_timesteps=400, log_interval=200, buffer_size=128, batch_size=8
         ({"tau": -0.5}, "tau"),
         ({"learning_rate": -1e-3}, "learning_rate"),
         ({"hidden": ()}, "hidden"),
+        ({"hidden": 64}, "hidden"),
+        ({"learning_rate": "fast"}, "learning_rate"),
+        ({"total_timesteps": 2**31}, "total_timesteps"),
+        ({"env": "Pendulum-v1"}, "env"),  # continuous actions: DQN scores a finite set
     ],
 )
 def test_validate_names_the_field(change, field):

@@ -82,6 +82,9 @@ def test_generation_is_traced_once_across_generations():
     (dict(std_init=0.0), "es.std_init"),
     (dict(optimizer="rmsprop"), "es.optimizer"),
     (dict(fitness_shaping="magic"), "es.fitness_shaping"),
+    (dict(lr=float("inf")), "es.lr"),
+    (dict(std_init=float("nan")), "es.std_init"),
+    (dict(adam_b1=1.0), "es.adam_b1"),
 ])
 def test_bad_es_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError) as err:

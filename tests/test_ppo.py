@@ -236,6 +236,10 @@ def test_learned_value_loss_plugs_into_training():
     (dict(gamma=1.5), "gamma"),
     (dict(num_envs=0), "num_envs"),
     (dict(activation="sigmoidish"), "activation"),
+    (dict(lr="fast"), "lr"),
+    (dict(hidden_sizes=64), "hidden_sizes"),
+    (dict(num_steps=2**32), "num_steps"),
+    (dict(gamma=float("nan")), "gamma"),
 ])
 def test_bad_config_raises_naming_the_field(kwargs, field):
     with pytest.raises(ValueError) as err:

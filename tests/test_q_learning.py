@@ -101,6 +101,11 @@ def test_meta_params_override_float_hyperparameters():
         ({"epsilon": 1.5}, "epsilon"),
         ({"gamma": -0.1}, "gamma"),
         ({"alpha": 0.0}, "alpha"),
+        ({"alpha": "fast"}, "alpha"),
+        ({"q_init": float("inf")}, "q_init"),
+        ({"log_interval": 2**31}, "log_interval"),
+        ({"env": "CartPole-v1"}, "env"),  # no numbered states to keep a table of
+        ({"env": "Pendulum-v1"}, "env"),
     ],
 )
 def test_validate_names_the_field(change, field):

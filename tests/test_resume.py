@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from clihelp import TINY, evolve, final_state, records, start_evolve
+from clihelp import TINY, evolve, final_state, records, snapshot, start_evolve
 
 # A little more work per generation than TINY, so that a kill can land inside one.
 SLOWER = [a for a in TINY if not a.startswith("inner.total_timesteps")] + ["inner.total_timesteps=2048"]
@@ -125,12 +125,41 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path, straight_six):
     for path in (run_dir / "ckpt" / str(latest)).rglob("*"):
         if path.is_file() and "state" in path.parts:
             path.write_bytes(b"garbage")
-    before = (run_dir / "metrics.jsonl").read_text()
-    proc = evolve([f"resume={run_dir}", "es.generations=8"], cwd=tmp_path)
-    assert proc.returncode == 1
-    line = proc.stderr.strip().splitlines()
-    assert len(line) == 1 and "unreadable" in line[0] and str(latest) in line[0], proc.stderr
-    assert (run_dir / "metrics.jsonl").read_text() == before
+    before = snapshot(tmp_path)
+    # es.generations=8 would rewrite config.yaml: the corruption must be found before that.
+    for args in ([f"resume={run_dir}", "es.generations=8"], ["experiment=value_loss", *TINY, f"run_dir={run_dir}"]):
+        proc = evolve(args, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        line = proc.stderr.strip().splitlines()
+        assert len(line) == 1 and "unreadable" in line[0] and str(latest) in line[0], proc.stderr
+        assert snapshot(tmp_path) == before
+
+
+@pytest.mark.timeout(600)
+def test_a_second_process_on_a_run_dir_is_refused_and_the_first_is_undisturbed(tmp_path, straight_six):
+    run_dir = tmp_path / "run"
+    args = ["experiment=value_loss", *TINY, "es.generations=6", f"run_dir={run_dir}"]
+    first = start_evolve(args, cwd=tmp_path)
+    # Freeze the first run once it holds the directory (config.yaml is written under the lock), so
+    # the second surely arrives while the first is mid-run, whatever this machine's speed.
+    deadline = time.time() + 400
+    while time.time() < deadline and first.poll() is None and not (run_dir / "config.yaml").exists():
+        time.sleep(0.002)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        assert first.poll() is None, "the first run ended before a second could be started"
+        before = snapshot(tmp_path)
+        second = evolve(args, cwd=tmp_path)  # the same command again
+        assert second.returncode == 2, second.stderr
+        line = second.stderr.strip().splitlines()
+        assert len(line) == 1 and line[0].startswith(f"error: run_dir: {run_dir} is in use by process "
+                                                     f"{first.pid} on host "), second.stderr
+        assert snapshot(tmp_path) == before  # the refused process touched nothing
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert_same_run(run_dir, straight_six)
 
 
 @pytest.mark.timeout(600)

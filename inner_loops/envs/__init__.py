@@ -38,6 +38,33 @@ def check_name(name: str, field: str = "env") -> None:
         raise ValueError(f"{field}: unknown environment {name!r}; allowed: {', '.join(available())}")
 
 
+def _action_space(name: str, kwargs: dict):
+    env, params = make(name, **kwargs)
+    return env, env.action_space(params)
+
+
+def check_discrete_actions(name: str, kwargs: dict, trainer: str) -> None:
+    """Raise a one-line ValueError (field ``env``) unless ``name`` has a finite set of actions, which
+    a trainer that scores every action (DQN, Q-learning) needs."""
+    from gymnax.environments import spaces
+
+    _, space = _action_space(name, kwargs)
+    if not isinstance(space, spaces.Discrete):
+        raise ValueError(f"env: {name!r} has continuous actions ({type(space).__name__}) but {trainer} needs "
+                         "a finite set; allowed: an environment with discrete actions, such as "
+                         "CartPole-v1, Acrobot-v1, GridWorld or Doors")
+
+
+def check_tabular(name: str, kwargs: dict, trainer: str) -> None:
+    """Raise a one-line ValueError (field ``env``) unless ``name`` enumerates its states, as a table
+    of values needs."""
+    check_discrete_actions(name, kwargs, trainer)
+    env, _ = _action_space(name, kwargs)
+    if not hasattr(env, "num_states") or not hasattr(env, "state_from_index"):
+        raise ValueError(f"env: {name!r} has no tabular interface (numbered states) but {trainer} keeps a "
+                         "table of them; allowed: GridWorld, Doors")
+
+
 def step_auto_reset(env: Any) -> Callable:
     """``step(key, state, action, reset_obs, reset_state, params)`` for one environment: gymnax's
     ``env.step`` with the reset state given instead of drawn.
