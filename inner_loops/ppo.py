@@ -57,13 +57,13 @@ class PPOConfig:
     total_timesteps: int = _static(500_000)
     update_epochs: int = _static(4)
     num_minibatches: int = _static(4)
-    hidden_sizes: tuple = _static((64, 64))
+    hidden: tuple = _static((64, 64))
     activation: str = _static("tanh")
     anneal_lr: bool = _static(True)
     clip_value_loss: bool = _static(True)
     normalize_advantages: bool = _static(True)
     # Unrolling the rollout scan trades compile time for fewer loop iterations per update.
-    rollout_unroll: int = _static(4)
+    unroll: int = _static(4)
 
     lr: float = 2.5e-4
     gamma: float = 0.99
@@ -95,7 +95,7 @@ class PPOConfig:
         """Raise a one-line ValueError naming the first bad field; traced values are not checked."""
         envs_lib.check_name(self.env, "env")
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
-                     "rollout_unroll"):
+                     "unroll"):
             _check_positive_int(name, getattr(self, name))
         if self.total_timesteps < self.batch_size:
             raise ValueError(
@@ -105,9 +105,9 @@ class PPOConfig:
             raise ValueError(
                 f"num_minibatches: {self.num_minibatches} does not divide the batch of "
                 f"num_envs * num_steps = {self.batch_size}; allowed: a divisor of {self.batch_size}")
-        if not self.hidden_sizes or any(not isinstance(h, (int, np.integer)) or h <= 0
-                                        for h in self.hidden_sizes):
-            raise ValueError(f"hidden_sizes: {self.hidden_sizes!r}; allowed: a non-empty tuple of positive ints")
+        if not self.hidden or any(not isinstance(h, (int, np.integer)) or h <= 0
+                                        for h in self.hidden):
+            raise ValueError(f"hidden: {self.hidden!r}; allowed: a non-empty tuple of positive ints")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation: {self.activation!r}; allowed: {', '.join(ACTIVATIONS)}")
         _check_range("lr", self.lr, low=0.0, low_open=True)
@@ -118,9 +118,6 @@ class PPOConfig:
         _check_range("vf_coef", self.vf_coef, low=0.0)
         _check_range("max_grad_norm", self.max_grad_norm, low=0.0, low_open=True)
         return self
-
-
-HYPERPARAMETERS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
 
 
 # --- transitions and the maths ------------------------------------------------------------------
@@ -282,7 +279,7 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 return (env_state, next_obs, ep_return), out
 
             (env_state, obs, ep_return), traj = jax.lax.scan(
-                env_step, (env_state, obs, ep_return), (noise, env_keys, resets), unroll=config.rollout_unroll)
+                env_step, (env_state, obs, ep_return), (noise, env_keys, resets), unroll=config.unroll)
             t_obs, t_action, t_logp, t_value, t_reward, t_done, t_trunc, t_final, t_finished = traj
 
             # On a time-limit cut the episode goes on in principle: bootstrap from the value of the
@@ -336,23 +333,6 @@ def make_agent(config: PPOConfig):
     else:
         raise ValueError(f"env: {config.env!r} has a {type(action_space).__name__} action space; "
                          "allowed: Discrete or Box")
-    network = ActorCritic(action_dim, continuous, tuple(config.hidden_sizes), config.activation)
+    network = ActorCritic(action_dim, continuous, tuple(config.hidden), config.activation)
     return env, env_params, network
 
-
-def make_policy(config: PPOConfig):
-    """``act(params, obs, key) -> action`` for a trained agent (samples; greedy if ``key`` is None)."""
-    _, _, network = make_agent(config)
-    continuous = network.continuous
-
-    def act(params, obs, key=None):
-        (pi_out, log_std), _ = network.apply(params, obs.reshape(-1).astype(jnp.float32))
-        if continuous:
-            if key is None:
-                return pi_out
-            return pi_out + jnp.exp(log_std) * jax.random.normal(key, pi_out.shape)
-        if key is None:
-            return jnp.argmax(pi_out, axis=-1)
-        return jax.random.categorical(key, pi_out)
-
-    return act

@@ -143,7 +143,7 @@ def search_trajectory(run_dir: Path, cfg, task):
     stack = lambda seq: {n: np.array([float(d[n]) for d in seq]) for n in task.component.names}
     records = [r for r in history(run_dir) if "search" in r]
     if records:  # runs log the decoded search distribution every generation
-        gens = [r["generation"] + 1 for r in records]
+        gens = [r["generation"] for r in records]
         return (gens, stack([r["search"]["mean"] for r in records]), stack([r["search"]["low"] for r in records]),
                 stack([r["search"]["high"] for r in records]))
 

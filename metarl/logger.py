@@ -5,7 +5,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -28,12 +27,12 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 
 
 def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
-    """Keep the records of generations before ``generations_done``: a resumed run recomputes the rest,
-    so each generation appears exactly once."""
+    """Keep the records of the first ``generations_done`` generations: a resumed run recomputes the
+    rest, so each generation appears exactly once."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return
-    kept = [r for r in read_metrics(run_dir) if r.get("generation", -1) < generations_done]
+    kept = [r for r in read_metrics(run_dir) if r.get("generation", 0) <= generations_done]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     os.replace(tmp, path)
@@ -73,7 +72,7 @@ class Logger:
             f.write(json.dumps(record) + "\n")
         self.durations.append(record["seconds"])
         if self.progress:
-            g = record["generation"] + 1
+            g = record["generation"]
             recent = sorted(self.durations[-5:])[len(self.durations[-5:]) // 2]
             left = (self.total - g) * recent
             bad = f" | diverged {record['nonfinite']}" if record.get("nonfinite") else ""
@@ -102,12 +101,3 @@ def _wandb_id(run_dir: Path) -> str:
 
     return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
-
-class Timer:
-    def __init__(self):
-        self.t = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        dt, self.t = now - self.t, now
-        return dt

@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from metarl.inner_loops.components import VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
 from metarl.config import ConfigError, RunConfig
@@ -243,14 +242,3 @@ def _frames(inner) -> int:
             return int(getattr(inner, attr))
     return 0
 
-
-def baseline_meta_params(task: Task):
-    """Meta-parameters under which the task's trainer is the hand-designed algorithm, or None when the
-    baseline is the trainer's defaults with no component (value_loss, policy_objective)."""
-    if task.kind == "hyperparams":
-        return task.component.encode({n: getattr(task.inner_config, n) for n in task.component.names})
-    return None
-
-
-def as_numpy_tree(tree):
-    return jax.tree.map(lambda x: np.asarray(x), tree)

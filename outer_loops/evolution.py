@@ -9,6 +9,9 @@ ask -> evaluate (members x seeds, vmapped, sharded over a device mesh) -> tell, 
     for _ in range(100):
         state, stats = evo.step(state)      # stats["best"], stats["mean"], ...
 
+Generations are numbered from 1: ``stats["generation"]`` and ``state.generation`` count the
+generations completed, as the console, ``metrics.jsonl`` and the checkpoint steps do.
+
 evosax minimises; the driver negates, so everything user-facing is higher-is-better. Every member is
 scored on the same ``num_seeds`` keys in a generation (common random numbers make the ranking fairer).
 A member whose fitness is NaN or infinite gets the generation's worst finite fitness (or
@@ -224,7 +227,7 @@ class Evolution:
             flat_mean, unravel = jax.flatten_util.ravel_pytree(mean)
             stats_search = self.describe_search(mean, unravel(search_std(es_state, flat_mean.shape)))
         quantiles = jnp.quantile(fitness, jnp.array(QUANTILES))
-        stats = {"generation": state.generation, "best": gen_best, "mean": jnp.mean(fitness),
+        stats = {"generation": new_state.generation, "best": gen_best, "mean": jnp.mean(fitness),
                  "std": jnp.std(fitness), "worst": jnp.min(fitness), "best_so_far": new_state.best_fitness,
                  "nonfinite": nonfinite, "fitness": fitness,
                  **{f"q{int(q * 100):02d}": v for q, v in zip(QUANTILES, quantiles)}}

@@ -6,7 +6,7 @@ import sys
 # Budgets small enough that a generation takes milliseconds; compilation dominates.
 TINY = ["es.popsize=4", "fitness.num_seeds=1", "inner.num_envs=2", "inner.num_steps=8",
         "inner.total_timesteps=64", "inner.update_epochs=1", "inner.num_minibatches=1",
-        "inner.hidden_sizes=[8]", "inner.rollout_unroll=1", "component.hidden=[4]",
+        "inner.hidden=[8]", "inner.unroll=1", "component.hidden=[4]",
         "checkpoint.every=1"]
 
 

@@ -18,7 +18,7 @@ def test_tiny_run_writes_config_metrics_and_best(tmp_path):
                   check=True)
     assert (run_dir / "config.yaml").exists()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["generation"] for r in records] == [0, 1]
+    assert [r["generation"] for r in records] == [1, 2]
     for r in records:
         assert {"best", "mean", "fps", "seconds", "fitness", "nonfinite"} <= set(r)
         assert len(r["fitness"]) == 4

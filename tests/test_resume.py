@@ -38,7 +38,7 @@ def test_three_then_resume_three_equals_six_straight(tmp_path, straight_six):
     assert len(records(run_dir)) == 3
     proc = evolve([f"resume={run_dir}", "es.generations=6"], cwd=tmp_path, check=True)
     assert "resuming" in proc.stdout
-    assert [r["generation"] for r in records(run_dir)] == list(range(6))
+    assert [r["generation"] for r in records(run_dir)] == list(range(1, 7))
     assert_same_run(run_dir, straight_six)
 
 
