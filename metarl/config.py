@@ -49,6 +49,8 @@ class ESSection:
     fitness_shaping: Optional[str] = None
     antithetic: bool = True
     init_mean: str = "zeros"
+    _target_: Optional[str] = None   # a strategy class of your own, in place of `strategy`
+    args: dict = dataclasses.field(default_factory=dict)  # its constructor arguments
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,9 @@ class Interrupted(Exception):
 
 def es_config(cfg: RunConfig) -> ESConfig:
     fields = {f.name for f in dataclasses.fields(ESConfig)}
-    return ESConfig(**{k: v for k, v in dataclasses.asdict(cfg.es).items() if k in fields})
+    settings = dataclasses.asdict(cfg.es)
+    settings["target"] = settings.pop("_target_")
+    return ESConfig(**{k: v for k, v in settings.items() if k in fields})
 
 
 def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto"):
