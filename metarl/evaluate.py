@@ -100,7 +100,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
 
     from metarl import checkpoints, plots, results
     from metarl.config import ConfigError
-    from metarl.tasks import build_task, trainer_module
+    from metarl.tasks import build_task
 
     run_dir = Path(run_dir)
     try:
@@ -115,8 +115,8 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         meta = serialization.from_state_dict(task.template, raw)
     except (ConfigError, checkpoints.CheckpointError) as err:
         fail(str(err))
-    module, _ = trainer_module(task.algo)
-    sides = {f"learned {task.kind}": task.make_train(meta), baseline_label(task): module.make_train(task.inner_config)}
+    sides = {f"learned {task.kind}": task.make_train(meta),
+             baseline_label(task): task.trainer.make_train(task.inner_config)}
     root, keys = eval_keys(cfg.seed, num_seeds)
 
     # Trace both sides, then compile them side by side (XLA compiles outside the GIL) and run them.

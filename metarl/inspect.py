@@ -76,7 +76,8 @@ def value_loss_plots(task, meta, info, out: Path, error_range: float) -> list[Pa
 
     comp = task.component
     fixed = f"best meta-parameters of generation {info.get('generation')} (fitness {info.get('fitness', float('nan')):.4g})"
-    extra = [i for i in comp.inputs if i != "error"]
+    # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
+    extra = [i for i in getattr(comp, "inputs", ("error",)) if i != "error"]
 
     def loss_at(value, old_error, target):
         return comp.apply(meta, value, target + old_error, target, task.inner_config)
@@ -118,7 +119,8 @@ def policy_objective_plots(task, meta, out: Path) -> list[Path]:
     ratios = jnp.linspace(0.5, 1.5, 101)
     advantages = jnp.linspace(-2.0, 2.0, 81)
     r, a = jnp.meshgrid(ratios, advantages)
-    drift = np.asarray(task.component.drift(meta, r, a, config))
+    # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
+    drift = np.asarray(r * a - task.component.apply(meta, r, a, config))
     ppo_drift = np.asarray(r * a - CLIPPED_SURROGATE.apply({}, r, a, config))
     fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
                                         float(config.clip_eps))

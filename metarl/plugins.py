@@ -86,19 +86,26 @@ def instantiate(path: str, args: dict, field: str, arg_prefix: str, injected: di
         if not any_kwargs and key not in names:
             raise ConfigError(f"{arg_prefix}{key}: not an argument of {path}; allowed: "
                               f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
-    # Lists from YAML become tuples: components are frozen and hashable, as the shipped ones are.
-    config = {TARGET: path, **{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}}
+    # Hydra builds the class with the config's arguments (a nested `_target_` among them is built
+    # too); lists are handed over as tuples afterwards, since Hydra would turn them back into lists and
+    # static config fields must be hashable, and metarl's own objects (templates, optimizers) go in
+    # directly rather than through OmegaConf.
+    lists = {k: tuple(v) for k, v in args.items() if isinstance(v, list)}
+    rest = {k: v for k, v in args.items() if k not in lists}
     try:
-        return hydra_instantiate(config, **injected, _convert_="all")
+        factory = hydra_instantiate({TARGET: path, "_partial_": True, **rest}, _convert_="all")
+        return factory(**lists, **injected)
     except InstantiationException as err:
         cause = err.__cause__ or err
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        message = _first_line(cause)
-        if isinstance(cause, ValueError) and ":" in message.split(";")[0]:
-            # The class names its own argument first, as metarl's components do.
-            raise ConfigError(f"{arg_prefix}{message}") from None
-        raise ConfigError(f"{field}: {path} failed to build ({type(cause).__name__}: {message})") from None
+    except (ValueError, TypeError, AssertionError) as err:
+        cause = err
+    if isinstance(cause, (ConfigError, AssertionError)):
+        raise cause
+    message = _first_line(cause)
+    if isinstance(cause, ValueError) and ":" in message.split(";")[0]:
+        # The class names its own argument first ("hidden: ...; allowed: ..."), as metarl's do.
+        raise ConfigError(f"{arg_prefix}{message}") from None
+    raise ConfigError(f"{field}: {path} failed to build ({type(cause).__name__}: {message})") from None
 
 
 def _first_line(err: BaseException | None) -> str:

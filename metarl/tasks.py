@@ -2,9 +2,14 @@
 
 Three kinds of meta-learned part (``component.kind``):
 
-- ``value_loss``: an MLP replaces PPO's value loss (``metarl.inner_loops.components.MLPValueLoss``);
-- ``policy_objective``: a learned LPO drift replaces PPO's clipping (``LPODrift``);
+- ``value_loss``: a component replaces PPO's value loss (by default the MLP of
+  ``metarl.inner_loops.components.MLPValueLoss``);
+- ``policy_objective``: a component replaces PPO's clipped objective (by default the LPO drift, ``LPODrift``);
 - ``hyperparams``: the inner trainer's float hyperparameters, searched in a bounded space.
+
+``component._target_`` names the component class (a class of your own with ``init(key)`` and
+``apply(meta_params, ...)``; the other keys are its constructor arguments) and ``inner._target_`` the
+trainer's config class, whose module provides ``make_train`` (see ``metarl.plugins``).
 """
 from __future__ import annotations
 
@@ -16,44 +21,61 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from metarl.inner_loops.components import VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
+from metarl import plugins
 from metarl.config import ConfigError, RunConfig
 
-# algo name -> (module, config class); imported on use so a trainer's import cost is paid only by its runs.
+# The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
+# Imported on use so a trainer's import cost is paid only by its runs.
 TRAINERS = {
-    "ppo": ("metarl.inner_loops.ppo", "PPOConfig"),
-    "dqn": ("metarl.inner_loops.dqn", "DQNConfig"),
-    "q_learning": ("metarl.inner_loops.q_learning", "QLearningConfig"),
+    "ppo": "metarl.inner_loops.ppo.PPOConfig",
+    "dqn": "metarl.inner_loops.dqn.DQNConfig",
+    "q_learning": "metarl.inner_loops.q_learning.QLearningConfig",
 }
 KINDS = ("value_loss", "policy_objective", "hyperparams")
-# Seams a kind plugs into, per trainer.
-_SEAMS = {"value_loss": "ppo", "policy_objective": "ppo"}
+# The shipped component of each learned kind, used where `component._target_` is not given.
+COMPONENTS = {
+    "value_loss": "metarl.inner_loops.components.MLPValueLoss",
+    "policy_objective": "metarl.inner_loops.components.LPODrift",
+}
 
 
-def trainer_module(algo: str):
-    if algo not in TRAINERS:
-        raise ConfigError(f"inner.algo: unknown trainer {algo!r}; allowed: {', '.join(TRAINERS)}")
-    module_name, config_name = TRAINERS[algo]
-    module = importlib.import_module(module_name)
-    return module, getattr(module, config_name)
+def trainer_module(config_cls):
+    """The module holding a trainer config class; it must provide ``make_train(config, ...)``."""
+    module = importlib.import_module(config_cls.__module__)
+    if not callable(getattr(module, "make_train", None)):
+        raise ConfigError(f"inner._target_: {config_cls.__module__} has no make_train(config); allowed: a "
+                          "config class whose module defines make_train(config) -> train(key, meta_params=None)")
+    return module
 
 
 def inner_config(cfg: RunConfig):
-    """The trainer's own config from ``cfg.inner`` and ``cfg.env``, validated (errors name ``inner.X``)."""
+    """The trainer's own config from ``cfg.inner`` and ``cfg.env``, validated (errors name ``inner.X``).
+
+    Returns ``(name, module, config)``: ``inner.algo`` names a shipped trainer, ``inner._target_``
+    (which wins) the config class of one of your own."""
     inner = dict(cfg.inner)
     algo = inner.pop("algo", "ppo")
-    module, config_cls = trainer_module(algo)
-    fields = [f.name for f in dataclasses.fields(config_cls)]
+    target = inner.pop(plugins.TARGET, None)
+    if target is None:
+        if algo not in TRAINERS:
+            raise ConfigError(f"inner.algo: unknown trainer {algo!r}; allowed: {', '.join(TRAINERS)} "
+                              "(or inner._target_: a config class of your own)")
+        target, field = TRAINERS[algo], "inner.algo"
+    else:
+        algo, field = target, "inner._target_"
     if "env" in inner:
         raise ConfigError("inner.env: set the environment with the top-level `env=ID`")
-    for key in inner:
-        if key not in fields:
-            raise ConfigError(f"inner.{key}: unknown setting for {algo}; allowed: "
-                              f"{', '.join(f for f in fields if f != 'env')}")
-    inner = {k: tuple(v) if isinstance(v, list) else v for k, v in inner.items()}
+    config_cls = plugins.locate(target, field)
+    module = trainer_module(config_cls)
     try:
-        config = config_cls(env=cfg.env, **inner)
-        config.validate()
+        takes_env = "env" in plugins.constructor_arguments(config_cls)[0]
+        config = plugins.instantiate(target, inner, field, "inner.", injected={"env": cfg.env} if takes_env else {})
+        if callable(getattr(config, "validate", None)):
+            config.validate()
+    except ConfigError as err:
+        message = str(err)
+        raise ConfigError(message.replace("inner.env:", "env:", 1) if message.startswith("inner.env:")
+                          else message) from None
     except ValueError as err:
         message = str(err)
         raise ConfigError(message if message.startswith("env:") else f"inner.{message}") from None
@@ -130,8 +152,9 @@ class HyperparamSpace:
 class Task:
     kind: str
     algo: str
-    component: Any                 # MLPValueLoss, LPODrift or HyperparamSpace
+    component: Any                 # the component (MLPValueLoss, LPODrift, yours) or HyperparamSpace
     inner_config: Any
+    trainer: Any                   # the trainer's module: make_train(inner_config, **seams)
     template: Any                  # the meta-parameters' pytree shape
     init_mean: Any                 # where the search starts
     fitness_fn: Callable           # (meta_params, key) -> scalar, higher is better
@@ -154,35 +177,20 @@ def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
 def _component_from_config(kind: str, spec: dict, trainer_fields: list[str]):
     spec = dict(spec)
     spec.pop("kind", None)
-    if kind == "value_loss":
-        allowed = ("hidden", "inputs", "residual")
-        _refuse_unknown(spec, allowed)
-        hidden = tuple(spec.get("hidden", (64, 64)))
-        inputs = tuple(spec.get("inputs", ("error",)))
-        bad = [i for i in inputs if i not in VALUE_LOSS_INPUTS]
-        if bad or not inputs:
-            raise ConfigError(f"component.inputs: {list(inputs)!r}; allowed: a non-empty subset of "
-                              f"{', '.join(VALUE_LOSS_INPUTS)}")
-        _check_hidden(hidden)
-        return MLPValueLoss(hidden=hidden, inputs=inputs, residual=bool(spec.get("residual", False)))
-    if kind == "policy_objective":
-        _refuse_unknown(spec, ("hidden", "ppo_init"))
-        hidden = tuple(spec.get("hidden", (128,)))
-        _check_hidden(hidden)
-        return LPODrift(hidden=hidden, ppo_init=bool(spec.get("ppo_init", True)))
-    _refuse_unknown(spec, ("search",))
-    return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
-
-
-def _refuse_unknown(spec, allowed):
-    for key in spec:
-        if key not in allowed:
-            raise ConfigError(f"component.{key}: unknown setting; allowed: kind, {', '.join(allowed)}")
-
-
-def _check_hidden(hidden):
-    if not hidden or any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in hidden):
-        raise ConfigError(f"component.hidden: {list(hidden)!r}; allowed: a non-empty list of positive integers")
+    if kind == "hyperparams":
+        if plugins.TARGET in spec:
+            raise ConfigError(f"component._target_: {spec[plugins.TARGET]!r} with kind hyperparams; allowed: "
+                              f"a component class for kinds {', '.join(COMPONENTS)}")
+        for key in spec:
+            if key != "search":
+                raise ConfigError(f"component.{key}: unknown setting; allowed: kind, search")
+        return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
+    target = spec.pop(plugins.TARGET, None) or COMPONENTS[kind]
+    component = plugins.instantiate(target, spec, "component._target_", "component.")
+    if not (callable(getattr(component, "init", None)) and callable(getattr(component, "apply", None))):
+        raise ConfigError(f"component._target_: {target} has no init(key) and apply(meta_params, ...); "
+                          "allowed: a component class with both (see metarl.inner_loops.components)")
+    return component
 
 
 def component_from_config(cfg: RunConfig):
@@ -197,9 +205,10 @@ def component_from_config(cfg: RunConfig):
 def build_task(cfg: RunConfig) -> Task:
     """Everything checked and built before any compilation; raises ConfigError on bad settings."""
     kind, algo, inner, component = component_from_config(cfg)
-    module, _ = trainer_module(algo)
-    if kind in _SEAMS and algo != _SEAMS[kind]:
-        raise ConfigError(f"inner.algo: {algo!r} has no {kind} seam; allowed: {_SEAMS[kind]}")
+    module = trainer_module(type(inner))
+    if kind in COMPONENTS and kind not in plugins.constructor_arguments(module.make_train)[0]:
+        raise ConfigError(f"inner.algo: {algo!r} has no {kind} seam (make_train takes no {kind}=); allowed: "
+                          "ppo, or a trainer whose make_train takes it")
     stat = statistic_fn(cfg.fitness.statistic, cfg.fitness.window)
 
     if kind == "hyperparams":
@@ -231,7 +240,7 @@ def build_task(cfg: RunConfig) -> Task:
         _, metrics = make_train(meta)(key)
         return stat(metrics["episode_return"])
 
-    return Task(kind=kind, algo=algo, component=component, inner_config=inner, template=template,
+    return Task(kind=kind, algo=algo, component=component, inner_config=inner, trainer=module, template=template,
                 init_mean=init_mean, fitness_fn=fitness_fn, frames_per_eval=_frames(inner),
                 make_train=make_train, describe_search=describe_search)
 

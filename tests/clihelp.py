@@ -10,8 +10,13 @@ TINY = ["es.popsize=4", "fitness.num_seeds=1", "inner.num_envs=2", "inner.num_st
         "checkpoint.every=1"]
 
 
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def env_vars():
     env = dict(os.environ)
+    # The classes that tests name by `_target_` (plugins.py, plugin_trainer.py) live here.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
     env.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
     env["WANDB_MODE"] = "disabled"
     env["PYTHONUNBUFFERED"] = "1"

@@ -35,4 +35,7 @@ class DampedOpenES(Open_ES):
 
 
 class NotAComponent:
-    """Has no init/apply: refused as a component."""
+    """Takes the Huber example's argument but has no init/apply: refused as a component."""
+
+    def __init__(self, delta_init=1.0):
+        self.delta_init = delta_init
