@@ -72,6 +72,8 @@ class WandbSection:
     mode: str = "disabled"
     project: str = "metarl"
     entity: Optional[str] = None
+    group: Optional[str] = None   # runs of one sweep share a group; null: the run stands alone
+    tags: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +138,7 @@ def _coerce(value, tp, path):
         return float(value)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
-    if tp in (str, bool, dict) and isinstance(value, tp):
+    if tp in (str, bool, dict, list) and isinstance(value, tp):
         return value
     raise ConfigError(f"{path}: {value!r}; allowed: {_type_name(tp)}")
 
@@ -176,6 +178,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_positive("checkpoint.keep", cfg.checkpoint.keep)
     if cfg.logger.wandb.mode not in WANDB_MODES:
         raise ConfigError(f"logger.wandb.mode: {cfg.logger.wandb.mode!r}; allowed: {', '.join(WANDB_MODES)}")
+    if any(not isinstance(tag, str) or not tag for tag in cfg.logger.wandb.tags):
+        raise ConfigError(f"logger.wandb.tags: {cfg.logger.wandb.tags!r}; allowed: a list of non-empty strings")
     _check_positive("devices.num_processes", cfg.devices.num_processes)
     if cfg.seed < 0:
         raise ConfigError(f"seed: {cfg.seed}; allowed: a non-negative integer")

@@ -1,9 +1,16 @@
-"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases."""
+"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases.
+
+To wandb go, every generation, the scalars of the record, every member's fitness as a histogram
+(``fitness``) and the decoded search distribution of a hyperparameter search (``search/mean/lr``,
+``search/low/lr``, ...); at the end of a run, the figures of ``python -m metarl.inspect`` as images
+(``figures/<name>``) and the best meta-parameters as a versioned artifact of type ``meta-params``.
+"""
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -56,11 +63,14 @@ class Logger:
         self.write = write
         self.durations: list[float] = []
         self.wandb_run = None
+        self.last_step = 0
         if write and wandb_cfg and wandb_cfg.get("mode", "disabled") != "disabled":
             import wandb
 
+            # A sweep's runs share `group` (null: each run stands alone).
             self.wandb_run = wandb.init(project=wandb_cfg.get("project", "metarl"),
                                         entity=wandb_cfg.get("entity"), mode=wandb_cfg["mode"],
+                                        group=wandb_cfg.get("group"), tags=list(wandb_cfg.get("tags") or []),
                                         dir=str(self.run_dir), config=config,
                                         name=run_name or self.run_dir.name,
                                         id=_wandb_id(self.run_dir), resume="allow")
@@ -80,8 +90,36 @@ class Logger:
                   f"best so far {record['best_so_far']:9.2f} | {record['fps']:9.3g} frames/s | "
                   f"{record['seconds']:6.1f} s | left {_duration(left)}{bad}", flush=True)
         if self.wandb_run is not None:
-            scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
-            self.wandb_run.log(scalars, step=record["generation"])
+            import wandb
+
+            data = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
+            data["fitness"] = wandb.Histogram(record["fitness"])
+            for part, values in record.get("search", {}).items():  # mean, low, high -> {name: value}
+                data.update({f"search/{part}/{name}": v for name, v in values.items()})
+            self.wandb_run.log(data, step=record["generation"])
+            self.last_step = record["generation"]
+
+    def log_results(self, figures: list, best_files: list, best_info: Optional[dict]) -> None:
+        """The end of a run, to wandb: ``figures`` (PNG paths) as images, and ``best_files`` (the
+        exported best meta-parameters) as an artifact; a resumed run adds a new version."""
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        images = {f"figures/{Path(p).stem}": wandb.Image(str(p)) for p in figures}
+        if images:
+            self.wandb_run.log(images, step=self.last_step)
+        if best_files:
+            name = re.sub(r"[^\w.-]", "-", f"{self.run_dir.name}-meta-params")
+            artifact = wandb.Artifact(name, type="meta-params", metadata=best_info or {},
+                                      description="best meta-parameters found (flax msgpack) and what they belong to")
+            for path in best_files:
+                artifact.add_file(str(path))
+            self.wandb_run.log_artifact(artifact)
+
+    @property
+    def wandb_on(self) -> bool:
+        return self.wandb_run is not None
 
     def message(self, text: str) -> None:
         if self.write:

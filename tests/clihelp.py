@@ -23,8 +23,9 @@ def env_vars():
     return env
 
 
-def evolve(args, cwd, timeout=300, check=False):
-    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd, env=env_vars(),
+def evolve(args, cwd, timeout=300, check=False, extra_env=None):
+    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd,
+                          env={**env_vars(), **(extra_env or {})},
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
