@@ -18,8 +18,9 @@ of them vmaps through one compilation:
 Two seams take meta-learned components (see ``metarl.inner_loops.components``): ``value_loss`` (per-sample
 loss from prediction, old prediction and target) and ``policy_objective`` (per-sample objective from
 probability ratio and advantage). Their defaults are PPO's clipped value loss and clipped surrogate.
-``train(key, meta_params)`` hands ``meta_params["value_loss"]`` and ``meta_params["policy_objective"]``
-to them.
+``train(key, meta_params)`` takes the layout every trainer here takes, a dict keyed by what each entry
+replaces: ``meta_params["value_loss"]`` and ``meta_params["policy_objective"]`` go to the seams, and a
+float hyperparameter (names in ``FLOAT_FIELDS``) replaces the config's value.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
 from metarl.inner_loops.config_checks import static as _static
+from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, Component
 from metarl.inner_loops.networks import (
     ACTIVATIONS,
@@ -120,6 +122,11 @@ class PPOConfig:
         return self
 
 
+# Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
+FLOAT_FIELDS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
+SEAMS = ("value_loss", "policy_objective")
+
+
 # --- transitions and the maths ------------------------------------------------------------------
 
 class Batch(NamedTuple):
@@ -187,7 +194,7 @@ def _meta(meta_params, name):
     if isinstance(meta_params, dict):
         return meta_params.get(name)
     raise TypeError("meta_params must be None or a dict keyed by seam name "
-                    "('value_loss', 'policy_objective')")
+                    "('value_loss', 'policy_objective') or float hyperparameter")
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -224,6 +231,15 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
     v_step = jax.vmap(envs_lib.step_auto_reset(env), in_axes=(0, 0, 0, 0, 0, None))
 
     def train(key, meta_params=None):
+        if not isinstance(meta_params, dict):
+            return train_with(config, key, meta_params)
+        floats = {k: v for k, v in meta_params.items() if k not in SEAMS}
+        seams = {k: v for k, v in meta_params.items() if k in SEAMS}
+        return train_with(with_overrides(config, floats, FLOAT_FIELDS), key, seams)
+
+    # `config` here is make_train's with the float hyperparameters of meta_params in place; the
+    # static fields, which set every shape above, are the same.
+    def train_with(config, key, meta_params):
         k_init, k_reset, k_run = jax.random.split(key, 3)
         obs, env_state = v_reset(jax.random.split(k_reset, n_envs), env_params)
         params = network.init(k_init, flat(obs))

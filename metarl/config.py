@@ -253,6 +253,10 @@ def search_differences(saved: dict, new: dict) -> list[str]:
         if resumable(key):
             continue
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
+        # A setting added to the schema after a run was saved is absent from its config.yaml; at its
+        # empty default (null, {}, []) it changes nothing.
+        if "<unset>" in (va, vb) and any(v is None or v == {} or v == [] for v in (va, vb)):
+            continue
         if va != vb:
             diffs.append(f"{key}: {va!r} -> {vb!r}")
     return diffs
