@@ -198,7 +198,10 @@ def component_from_config(cfg: RunConfig):
     if kind not in KINDS:
         raise ConfigError(f"component.kind: {kind!r}; allowed: {', '.join(KINDS)}")
     algo, _, inner = inner_config(cfg)
-    floats = [f.name for f in dataclasses.fields(inner) if f.metadata.get("pytree_node", True)]
+    # A trainer's searchable hyperparameters are its config's pytree fields (all fields of a plain
+    # dataclass); a config that is no dataclass offers none.
+    fields = dataclasses.fields(inner) if dataclasses.is_dataclass(inner) else ()
+    floats = [f.name for f in fields if f.metadata.get("pytree_node", True)]
     return kind, algo, inner, _component_from_config(kind, cfg.component, floats)
 
 
