@@ -1,4 +1,4 @@
-"""DQN throughput on CartPole-v1 in the jym notebook's setting: metarl against a hand-written DQN.
+"""DQN throughput on CartPole-v1 in a published hand-written DQN's setting: metarl against a hand-written DQN.
 
 MLP 64x64x64 relu, batch 32, one update per environment step, buffer 512, target copied every 10
 steps, Adam 1e-3, gamma 0.9, epsilon 0.3 / (1 + 0.001 t), one environment. ``metarl`` is
@@ -6,8 +6,8 @@ steps, Adam 1e-3, gamma 0.9, epsilon 0.3 / (1 + 0.001 t), one environment. ``met
 structure, run in the same process. Timed runs of the two alternate, so machine noise hits both.
 
 Prints one JSON object: median steps/s of each after compilation, their ratio, compile seconds,
-and the published figures for context (15.8k steps/s on its authors' machine; the issue measured
-that code at 15.9k on a 2-core CPU with jax 0.10.2, which this project cannot use, see README).
+and the published figures for context (15.8k steps/s on its authors' machine; that code ran
+at 15.9k on a 2-core CPU with jax 0.10.2, which this project cannot use, see README).
 
 ``--cores 1`` pins the process to one core before jax starts: a single small agent runs faster
 there, because XLA's CPU runtime otherwise hands independent operations to a second thread and the
@@ -49,7 +49,7 @@ def main() -> None:
         env="CartPole-v1", total_timesteps=args.steps, num_envs=1, buffer_size=512, batch_size=32,
         hidden=(64, 64, 64), learning_starts=0, target_update_period=10, tau=1.0,
         epsilon_schedule="inverse", epsilon_start=0.3, epsilon_end=0.0, epsilon_decay_rate=1e-3,
-        learning_rate=1e-3, gamma=0.9, loss="mse", log_interval=args.steps // 10,
+        lr=1e-3, gamma=0.9, loss="mse", log_interval=args.steps // 10,
         unroll=args.unroll or DQNConfig.unroll,
     )
     programs = {
@@ -72,7 +72,7 @@ def main() -> None:
             runs[name].append(time.perf_counter() - start)
     rate = {name: args.steps / statistics.median(r) for name, r in runs.items()}
     out = {
-        "benchmark": "dqn_cartpole_jym_setting",
+        "benchmark": "dqn_cartpole_reference_setting",
         "jax": jax.__version__,
         "cores": len(os.sched_getaffinity(0)),
         "steps": args.steps,

@@ -1,4 +1,4 @@
-"""Tabular Q-learning throughput on the 8 x 12 GridWorld (alpha 0.1, gamma 0.9, epsilon 0.1).
+"""Tabular Q-learning throughput on the 8 x 12 GridWorld (lr 0.1, gamma 0.9, epsilon 0.1).
 
 Prints one JSON object: steps/s for one agent and agent-steps/s for 30 vmapped agents, each the
 median of several timed runs after compilation, with compile seconds reported separately.
@@ -45,7 +45,7 @@ def main() -> None:
 
     config = QLearningConfig(
         total_timesteps=args.steps, log_interval=args.log_interval, unroll=args.unroll,
-        alpha=0.1, gamma=0.9, epsilon=0.1,
+        lr=0.1, gamma=0.9, epsilon=0.1,
     )
     train = make_train(config)
     key = jax.random.key(0)

@@ -1,13 +1,13 @@
 """A plain hand-written JAX DQN, kept only as a speed yardstick for ``benchmarks/dqn_throughput.py``.
 
-Written with the structure of the published hand-written JAX DQN the issue quotes (jym's agent and
-``deep_rl_rollout`` on CartPole), with flax in place of haiku and gymnax's CartPole in place of
-jym's own: one ``fori_loop`` step per environment step that splits its keys, picks the action under
+Written with the structure of a published hand-written JAX DQN for CartPole (a haiku agent driven
+by a ``deep_rl_rollout`` loop), with flax in place of haiku and gymnax's CartPole in place of that
+code's own: one ``fori_loop`` step per environment step that splits its keys, picks the action under
 ``lax.cond`` (random or greedy), steps the env (auto-reset inside ``env.step``), writes the
 transition into a dict-of-arrays buffer with ``.at[i].set``, samples a batch with
 ``jax.random.randint``, computes a vmapped per-sample TD loss with integer indexing, applies optax
 Adam, copies the target network under ``lax.cond`` every ``target_period`` steps, and records
-per-step actions, observations, rewards, dones and losses as jym does. It deliberately does
+per-step actions, observations, rewards, dones and losses as that code does. It deliberately does
 nothing clever, so it measures what "the obvious implementation" costs on this machine and jax
 version. Not used for training.
 
@@ -113,7 +113,7 @@ def make_train(total_steps: int = 20_000, buffer_size: int = 512, batch_size: in
         state = (params, params, optimizer.init(params), buffer, env_state, obs, key, jnp.float32(0.0), jnp.float32(0.0),
                  history)
         state = jax.lax.fori_loop(0, total_steps, step, state)
-        # jym returns its per-step records; returning them keeps XLA from dropping their writes.
+        # The measured structure returns its per-step records; returning them keeps XLA from dropping their writes.
         return state[0], state[8], state[9]
 
     return train

@@ -1,6 +1,6 @@
 """A plain PureJaxRL-style PPO, kept only as a speed yardstick for ``benchmarks/ppo_throughput.py``.
 
-Written in the style of PureJaxRL's ``ppo.py`` (separate 64x64 tanh actor and critic towers with
+Written in the style of PureJaxRL's PPO (separate 64x64 tanh actor and critic towers with
 orthogonal init, LogWrapper episode tracking, one ``jax.random.split`` per rollout step, GAE by a
 reverse scan, epochs of shuffled minibatches drawn with ``jax.random.permutation``, clip-by-global-norm
 + Adam with linear annealing). It deliberately does nothing clever, so it measures what "the obvious

@@ -117,6 +117,14 @@ class _TanhMLP(nn.Module):
 VALUE_LOSS_INPUTS = ("error", "target", "old_error") + TEMPORAL_INPUTS
 
 
+def _check_hidden(hidden) -> tuple:
+    hidden = tuple(hidden) if isinstance(hidden, (list, tuple)) else hidden
+    if (not isinstance(hidden, tuple) or not hidden
+            or any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in hidden)):
+        raise ValueError(f"hidden: {hidden!r}; allowed: a non-empty list of positive integers")
+    return hidden
+
+
 @dataclasses.dataclass(frozen=True)
 class MLPValueLoss:
     """A value loss learned as an MLP of the prediction error (PureJaxRL's meta-learned value loss).
@@ -133,6 +141,8 @@ class MLPValueLoss:
     residual: bool = False
 
     def __post_init__(self):
+        object.__setattr__(self, "hidden", _check_hidden(self.hidden))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
         bad = [i for i in self.inputs if i not in VALUE_LOSS_INPUTS]
         if bad or not self.inputs:
             raise ValueError(f"inputs: {list(self.inputs)!r}; allowed: a non-empty subset of "
@@ -185,6 +195,9 @@ class LPODrift:
     @property
     def temporal(self) -> bool:
         return bool(self.inputs)
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden", _check_hidden(self.hidden))
 
     @property
     def net(self):

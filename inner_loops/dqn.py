@@ -2,7 +2,7 @@
 
 A uniform replay buffer lives in fixed-size arrays in the loop carry; a target network is refreshed
 every ``target_update_period`` steps by Polyak averaging with ``tau`` (``tau=1`` is the classic hard
-copy); epsilon follows a linear decay or the ``start / (1 + rate * t)`` schedule of the jym notebook;
+copy); epsilon follows a linear decay or the inverse ``start / (1 + rate * t)`` schedule;
 ``double_dqn`` switches the bootstrap to the Double DQN target. Observations are flattened to float32,
 so image-like grids such as Doors work with the MLP.
 
@@ -24,7 +24,7 @@ Usage::
     metrics["episode_return"]          # (num_logs,) mean return of episodes ended in each interval
     # vmap over seeds and learning rates; float hyperparameters are pytree leaves: one compilation
     lrs = jax.numpy.array([3e-4, 1e-3])
-    run = lambda lr, k: make_train(config.replace(learning_rate=lr))(k)
+    run = lambda lr, k: make_train(config.replace(lr=lr))(k)
     params, metrics = jax.jit(jax.vmap(run))(lrs, jax.random.split(jax.random.key(0), 2))
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ EPSILON_SCHEDULES = ("linear", "inverse")
 LOSSES = ("mse", "huber")
 # Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
 FLOAT_FIELDS = (
-    "learning_rate",
+    "lr",
     "gamma",
     "tau",
     "epsilon_start",
@@ -78,7 +78,7 @@ class DQNConfig:
     log_interval: int = _static(5_000)  # environment steps per metrics row
     unroll: int = _static(4)
     # Leaves.
-    learning_rate: float = 5e-4
+    lr: float = 5e-4
     gamma: float = 0.99
     tau: float = 1.0
     epsilon_start: float = 1.0
@@ -126,7 +126,7 @@ class DQNConfig:
             )
         for name in ("gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_fraction"):
             _check_range(name, getattr(self, name), low=0.0, high=1.0)
-        for name in ("learning_rate", "epsilon_decay_rate", "adam_eps"):
+        for name in ("lr", "epsilon_decay_rate", "adam_eps"):
             _check_range(name, getattr(self, name), low=0.0)
         return self
 
@@ -200,7 +200,7 @@ def make_train(config: DQNConfig):
         cfg = with_overrides(config, meta_params, FLOAT_FIELDS)
         gamma = jnp.asarray(cfg.gamma, jnp.float32)
         tau = jnp.asarray(cfg.tau, jnp.float32)
-        lr = jnp.asarray(cfg.learning_rate, jnp.float32)
+        lr = jnp.asarray(cfg.lr, jnp.float32)
         adam_eps = jnp.asarray(cfg.adam_eps, jnp.float32)
 
         key, k_init, k_reset, k_run = jax.random.split(key, 4)

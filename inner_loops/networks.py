@@ -13,10 +13,6 @@ _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "elu": nn.elu
 ACTIVATIONS = tuple(_ACTIVATIONS)
 
 
-def activation(name: str):
-    return _ACTIVATIONS[name]
-
-
 class MLP(nn.Module):
     """Hidden layers with orthogonal(sqrt 2) init, then a linear head of scale ``out_scale``."""
 
@@ -76,11 +72,6 @@ def categorical_log_prob(logits, action):
 def categorical_entropy(logits):
     logp_all = jax.nn.log_softmax(logits)
     return -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-
-
-def categorical_sample_with_gumbel(logits, gumbel):
-    """Sample by the Gumbel-max trick from noise drawn ahead of time in one block."""
-    return jnp.argmax(logits + gumbel, axis=-1)
 
 
 _LOG_2PI = math.log(2.0 * math.pi)

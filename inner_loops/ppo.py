@@ -18,8 +18,9 @@ of them vmaps through one compilation:
 Two seams take meta-learned components (see ``metarl.inner_loops.components``): ``value_loss`` (per-sample
 loss from prediction, old prediction and target) and ``policy_objective`` (per-sample objective from
 probability ratio and advantage). Their defaults are PPO's clipped value loss and clipped surrogate.
-``train(key, meta_params)`` hands ``meta_params["value_loss"]`` and ``meta_params["policy_objective"]``
-to them.
+``train(key, meta_params)`` takes the layout every trainer here takes, a dict keyed by what each entry
+replaces: ``meta_params["value_loss"]`` and ``meta_params["policy_objective"]`` go to the seams, and a
+float hyperparameter (names in ``FLOAT_FIELDS``) replaces the config's value.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from metarl.inner_loops.config_checks import check_positive_int as _check_positi
 from metarl.inner_loops.config_checks import check_range as _check_range
 from metarl.inner_loops.config_checks import check_types as _check_types
 from metarl.inner_loops.config_checks import static as _static
+from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
     L2_VALUE_LOSS,
@@ -65,13 +67,13 @@ class PPOConfig:
     total_timesteps: int = _static(500_000)
     update_epochs: int = _static(4)
     num_minibatches: int = _static(4)
-    hidden_sizes: tuple = _static((64, 64))
+    hidden: tuple = _static((64, 64))
     activation: str = _static("tanh")
     anneal_lr: bool = _static(True)
     clip_value_loss: bool = _static(True)
     normalize_advantages: bool = _static(True)
     # Unrolling the rollout scan trades compile time for fewer loop iterations per update.
-    rollout_unroll: int = _static(4)
+    unroll: int = _static(4)
 
     lr: float = 2.5e-4
     gamma: float = 0.99
@@ -104,7 +106,7 @@ class PPOConfig:
         _check_types(self)
         envs_lib.check_name(self.env, "env")
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
-                     "rollout_unroll"):
+                     "unroll"):
             _check_positive_int(name, getattr(self, name))
         if self.total_timesteps < self.batch_size:
             raise ValueError(
@@ -114,9 +116,9 @@ class PPOConfig:
             raise ValueError(
                 f"num_minibatches: {self.num_minibatches} does not divide the batch of "
                 f"num_envs * num_steps = {self.batch_size}; allowed: a divisor of {self.batch_size}")
-        if not self.hidden_sizes or any(not isinstance(h, (int, np.integer)) or h <= 0
-                                        for h in self.hidden_sizes):
-            raise ValueError(f"hidden_sizes: {self.hidden_sizes!r}; allowed: a non-empty tuple of positive ints")
+        if not self.hidden or any(not isinstance(h, (int, np.integer)) or h <= 0
+                                        for h in self.hidden):
+            raise ValueError(f"hidden: {self.hidden!r}; allowed: a non-empty tuple of positive ints")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation: {self.activation!r}; allowed: {', '.join(ACTIVATIONS)}")
         _check_range("lr", self.lr, low=0.0, low_open=True)
@@ -129,7 +131,9 @@ class PPOConfig:
         return self
 
 
-HYPERPARAMETERS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
+# Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
+FLOAT_FIELDS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
+SEAMS = ("value_loss", "policy_objective")
 
 
 # --- transitions and the maths ------------------------------------------------------------------
@@ -204,7 +208,7 @@ def _meta(meta_params, name):
     if isinstance(meta_params, dict):
         return meta_params.get(name)
     raise TypeError("meta_params must be None or a dict keyed by seam name "
-                    "('value_loss', 'policy_objective')")
+                    "('value_loss', 'policy_objective') or float hyperparameter")
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -241,6 +245,15 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
     v_step = jax.vmap(envs_lib.step_auto_reset(env), in_axes=(0, 0, 0, 0, 0, None))
 
     def train(key, meta_params=None):
+        if not isinstance(meta_params, dict):
+            return train_with(config, key, meta_params)
+        floats = {k: v for k, v in meta_params.items() if k not in SEAMS}
+        seams = {k: v for k, v in meta_params.items() if k in SEAMS}
+        return train_with(with_overrides(config, floats, FLOAT_FIELDS), key, seams)
+
+    # `config` here is make_train's with the float hyperparameters of meta_params in place; the
+    # static fields, which set every shape above, are the same.
+    def train_with(config, key, meta_params):
         k_init, k_reset, k_run = jax.random.split(key, 3)
         obs, env_state = v_reset(jax.random.split(k_reset, n_envs), env_params)
         params = network.init(k_init, flat(obs))
@@ -298,7 +311,7 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 return (env_state, next_obs, ep_return), out
 
             (env_state, obs, ep_return), traj = jax.lax.scan(
-                env_step, (env_state, obs, ep_return), (noise, env_keys, resets), unroll=config.rollout_unroll)
+                env_step, (env_state, obs, ep_return), (noise, env_keys, resets), unroll=config.unroll)
             t_obs, t_action, t_logp, t_value, t_reward, t_done, t_trunc, t_final, t_finished = traj
 
             # On a time-limit cut the episode goes on in principle: bootstrap from the value of the
@@ -353,23 +366,6 @@ def make_agent(config: PPOConfig):
     else:
         raise ValueError(f"env: {config.env!r} has a {type(action_space).__name__} action space; "
                          "allowed: Discrete or Box")
-    network = ActorCritic(action_dim, continuous, tuple(config.hidden_sizes), config.activation)
+    network = ActorCritic(action_dim, continuous, tuple(config.hidden), config.activation)
     return env, env_params, network
 
-
-def make_policy(config: PPOConfig):
-    """``act(params, obs, key) -> action`` for a trained agent (samples; greedy if ``key`` is None)."""
-    _, _, network = make_agent(config)
-    continuous = network.continuous
-
-    def act(params, obs, key=None):
-        (pi_out, log_std), _ = network.apply(params, obs.reshape(-1).astype(jnp.float32))
-        if continuous:
-            if key is None:
-                return pi_out
-            return pi_out + jnp.exp(log_std) * jax.random.normal(key, pi_out.shape)
-        if key is None:
-            return jnp.argmax(pi_out, axis=-1)
-        return jax.random.categorical(key, pi_out)
-
-    return act

@@ -20,9 +20,9 @@ Usage::
     config = QLearningConfig(total_timesteps=100_000, log_interval=10_000)
     q_table, metrics = jax.jit(make_train(config))(jax.random.key(0))    # q_table: (96, 4)
     # many agents in one call; float hyperparameters are pytree leaves, so this compiles once:
-    alphas = jax.numpy.array([0.05, 0.1, 0.2])
-    train_alpha = lambda a, k: make_train(config.replace(alpha=a))(k)
-    q_tables, metrics = jax.jit(jax.vmap(train_alpha))(alphas, jax.random.split(jax.random.key(0), 3))
+    lrs = jax.numpy.array([0.05, 0.1, 0.2])
+    train_lr = lambda lr, k: make_train(config.replace(lr=lr))(k)
+    q_tables, metrics = jax.jit(jax.vmap(train_lr))(lrs, jax.random.split(jax.random.key(0), 3))
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from metarl.inner_loops.config_checks import static as _static
 
 ALGORITHMS = ("q_learning", "expected_sarsa")
 # Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
-FLOAT_FIELDS = ("alpha", "gamma", "epsilon", "q_init")
+FLOAT_FIELDS = ("lr", "gamma", "epsilon", "q_init")
 
 
 @struct.dataclass
@@ -54,7 +54,7 @@ class QLearningConfig:
     log_interval: int = _static(10_000)  # steps per metrics row; random numbers are drawn per interval
     unroll: int = _static(16)  # steps per compiled loop iteration
     # Leaves.
-    alpha: float = 0.1
+    lr: float = 0.1  # the step size of the tabular update (often written alpha)
     gamma: float = 0.9
     epsilon: float = 0.1
     q_init: float = 0.0
@@ -76,7 +76,7 @@ class QLearningConfig:
                 f"total_timesteps: {self.total_timesteps} is not a multiple of log_interval={self.log_interval}; "
                 "allowed: k * log_interval"
             )
-        _check_range("alpha", self.alpha, low=0.0, high=1.0, low_open=True)  # alpha 0 never learns
+        _check_range("lr", self.lr, low=0.0, high=1.0, low_open=True)  # lr 0 never learns
         _check_range("gamma", self.gamma, low=0.0, high=1.0)
         _check_range("epsilon", self.epsilon, low=0.0, high=1.0)
         _check_range("q_init", self.q_init)  # any finite value
@@ -143,7 +143,7 @@ def make_train(config: QLearningConfig):
 
     def train(key: jax.Array, meta_params: dict[str, Any] | None = None):
         cfg = with_overrides(config, meta_params, FLOAT_FIELDS)
-        alpha = jnp.asarray(cfg.alpha, jnp.float32)
+        lr = jnp.asarray(cfg.lr, jnp.float32)
         gamma = jnp.asarray(cfg.gamma, jnp.float32)
         epsilon = jnp.asarray(cfg.epsilon, jnp.float32)
         tables = build_tables(env, env_params)
@@ -176,7 +176,7 @@ def make_train(config: QLearningConfig):
             else:
                 bootstrap = q_next.max()
             target = reward + jnp.where(terminated, 0.0, gamma * bootstrap)
-            q = q.at[index].add(alpha * (target - q[index]))
+            q = q.at[index].add(lr * (target - q[index]))
             time = carry.time
             done = terminated
             if track_time:

@@ -51,6 +51,8 @@ class ESSection:
     fitness_shaping: Optional[str] = None
     antithetic: bool = True
     init_mean: str = "zeros"
+    _target_: Optional[str] = None   # a strategy class of your own, in place of `strategy`
+    args: dict = dataclasses.field(default_factory=dict)  # its constructor arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,8 @@ class WandbSection:
     mode: str = "disabled"
     project: str = "metarl"
     entity: Optional[str] = None
+    group: Optional[str] = None   # runs of one sweep share a group; null: the run stands alone
+    tags: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +213,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_positive("checkpoint.keep", cfg.checkpoint.keep)
     if cfg.logger.wandb.mode not in WANDB_MODES:
         raise ConfigError(f"logger.wandb.mode: {cfg.logger.wandb.mode!r}; allowed: {', '.join(WANDB_MODES)}")
+    if any(not isinstance(tag, str) or not tag for tag in cfg.logger.wandb.tags):
+        raise ConfigError(f"logger.wandb.tags: {cfg.logger.wandb.tags!r}; allowed: a list of non-empty strings")
     n = cfg.devices.num_processes
     if not (n == "auto" or (isinstance(n, int) and n > 0)):
         raise ConfigError(f"devices.num_processes: {n!r}; allowed: auto (one process per usable CPU core, or "
@@ -335,6 +341,10 @@ def search_differences(saved: dict, new: dict) -> list[str]:
         if resumable(key):
             continue
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
+        # A setting added to the schema after a run was saved is absent from its config.yaml; at its
+        # empty default (null, {}, []) it changes nothing.
+        if "<unset>" in (va, vb) and any(v is None or v == {} or v == [] for v in (va, vb)):
+            continue
         if va != vb:
             diffs.append(f"{key}: {va!r} -> {vb!r}")
     return diffs

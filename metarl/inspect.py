@@ -87,7 +87,8 @@ def value_loss_plots(task, meta, info, out: Path, error_range: float) -> list[Pa
 
     comp = task.component
     fixed = f"best meta-parameters of generation {info.get('generation')} (fitness {info.get('fitness', float('nan')):.4g})"
-    extra = [i for i in comp.inputs if i not in ("error", *TEMPORAL_INPUTS)]
+    # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
+    extra = [i for i in getattr(comp, "inputs", ("error",)) if i not in ("error", *TEMPORAL_INPUTS)]
     progress_of = _progress_at(task)
 
     def loss_at(value, old_error, target, fraction=0.0):
@@ -131,8 +132,8 @@ def policy_objective_plots(task, meta, out: Path) -> list[Path]:
     import jax.numpy as jnp
     import numpy as np
 
-    from metarl.inner_loops.components import CLIPPED_SURROGATE
     from metarl import plots
+    from metarl.inner_loops.components import CLIPPED_SURROGATE, apply_component
 
     config = task.inner_config
     ratios = jnp.linspace(0.5, 1.5, 101)
@@ -145,7 +146,8 @@ def policy_objective_plots(task, meta, out: Path) -> list[Path]:
     # A temporal drift is drawn at several points of training; a plain one once.
     for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
         progress = progress_of(fraction) if temporal else None
-        drift = np.asarray(task.component.drift(meta, r, a, config, progress))
+        # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
+        drift = np.asarray(r * a - apply_component(task.component, progress, meta, r, a, config))
         fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
                                             float(config.clip_eps))
         if temporal:
@@ -192,7 +194,7 @@ def search_trajectory(run_dir: Path, cfg, task):
     stack = lambda seq: {n: np.array([float(d[n]) for d in seq]) for n in task.component.names}
     records = [r for r in history(run_dir) if "search" in r]
     if records:  # runs log the decoded search distribution every generation
-        gens = [r["generation"] + 1 for r in records]
+        gens = [r["generation"] for r in records]
         return (gens, stack([r["search"]["mean"] for r in records]), stack([r["search"]["low"] for r in records]),
                 stack([r["search"]["high"] for r in records]))
 

@@ -1,11 +1,17 @@
-"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases."""
+"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases.
+
+To wandb go, every generation, the scalars of the record, every member's fitness as a histogram
+(``fitness``) and the decoded search distribution of a hyperparameter search (``search/mean/lr``,
+``search/low/lr``, ...); at the end of a run, the figures of ``python -m metarl.inspect`` as images
+(``figures/<name>``) and the best meta-parameters as a versioned artifact of type ``meta-params``.
+"""
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -44,12 +50,12 @@ def to_json_line(record: dict) -> str:
 
 
 def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
-    """Keep the records of generations before ``generations_done``: a resumed run recomputes the rest,
-    so each generation appears exactly once."""
+    """Keep the records of the first ``generations_done`` generations: a resumed run recomputes the
+    rest, so each generation appears exactly once."""
     path = Path(run_dir) / METRICS_FILE
     if not path.exists():
         return
-    kept = [r for r in read_metrics(run_dir) if r.get("generation", -1) < generations_done]
+    kept = [r for r in read_metrics(run_dir) if r.get("generation", 0) <= generations_done]
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("".join(to_json_line(r) for r in kept))
     os.replace(tmp, path)
@@ -75,11 +81,14 @@ class Logger:
         self.durations: list[float] = []
         self.task_names = list(task_names or [])
         self.wandb_run = None
+        self.last_step = 0
         if write and wandb_cfg and wandb_cfg.get("mode", "disabled") != "disabled":
             import wandb
 
+            # A sweep's runs share `group` (null: each run stands alone).
             self.wandb_run = wandb.init(project=wandb_cfg.get("project", "metarl"),
                                         entity=wandb_cfg.get("entity"), mode=wandb_cfg["mode"],
+                                        group=wandb_cfg.get("group"), tags=list(wandb_cfg.get("tags") or []),
                                         dir=str(self.run_dir), config=config,
                                         name=run_name or self.run_dir.name,
                                         id=_wandb_id(self.run_dir), resume="allow")
@@ -91,7 +100,7 @@ class Logger:
             f.write(to_json_line(record))
         self.durations.append(record["seconds"])
         if self.progress:
-            g = record["generation"] + 1
+            g = record["generation"]
             recent = sorted(self.durations[-5:])[len(self.durations[-5:]) // 2]
             left = (self.total - g) * recent
             bad = f" | diverged {record['nonfinite']}" if record.get("nonfinite") else ""
@@ -102,10 +111,38 @@ class Logger:
                   f"best so far {record['best_so_far']:9.2f} | {record['fps']:9.3g} frames/s | "
                   f"{record['seconds']:6.1f} s | left {_duration(left)}{bad}", flush=True)
         if self.wandb_run is not None:
-            scalars = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
+            import wandb
+
+            data = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
+            data["fitness"] = wandb.Histogram(record["fitness"])
             for name, values in record.get("tasks", {}).items():
-                scalars.update({f"tasks/{name}/{stat}": v for stat, v in values.items()})
-            self.wandb_run.log(scalars, step=record["generation"])
+                data.update({f"tasks/{name}/{stat}": v for stat, v in values.items()})
+            for part, values in record.get("search", {}).items():  # mean, low, high -> {name: value}
+                data.update({f"search/{part}/{name}": v for name, v in values.items()})
+            self.wandb_run.log(data, step=record["generation"])
+            self.last_step = record["generation"]
+
+    def log_results(self, figures: list, best_files: list, best_info: Optional[dict]) -> None:
+        """The end of a run, to wandb: ``figures`` (PNG paths) as images, and ``best_files`` (the
+        exported best meta-parameters) as an artifact; a resumed run adds a new version."""
+        if self.wandb_run is None:
+            return
+        import wandb
+
+        images = {f"figures/{Path(p).stem}": wandb.Image(str(p)) for p in figures}
+        if images:
+            self.wandb_run.log(images, step=self.last_step)
+        if best_files:
+            name = re.sub(r"[^\w.-]", "-", f"{self.run_dir.name}-meta-params")
+            artifact = wandb.Artifact(name, type="meta-params", metadata=best_info or {},
+                                      description="best meta-parameters found (flax msgpack) and what they belong to")
+            for path in best_files:
+                artifact.add_file(str(path))
+            self.wandb_run.log_artifact(artifact)
+
+    @property
+    def wandb_on(self) -> bool:
+        return self.wandb_run is not None
 
     def message(self, text: str) -> None:
         if self.write:
@@ -125,12 +162,3 @@ def _wandb_id(run_dir: Path) -> str:
 
     return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
-
-class Timer:
-    def __init__(self):
-        self.t = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        dt, self.t = now - self.t, now
-        return dt

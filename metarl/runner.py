@@ -27,7 +27,9 @@ class Interrupted(Exception):
 
 def es_config(cfg: RunConfig) -> ESConfig:
     fields = {f.name for f in dataclasses.fields(ESConfig)}
-    return ESConfig(**{k: v for k, v in dataclasses.asdict(cfg.es).items() if k in fields})
+    settings = dataclasses.asdict(cfg.es)
+    settings["target"] = settings.pop("_target_")
+    return ESConfig(**{k: v for k, v in settings.items() if k in fields})
 
 
 def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto",
@@ -190,8 +192,29 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                "last_mean": history[-1]["mean"] if history else None,
                "best_so_far": best_so_far,
                "median_fps": float(np.median([r["fps"] for r in history[start:]])) if history[start:] else None}
+    if is_main and logger.wandb_on:
+        logger.log_results(_figures(run_dir, logger), *_best_files(run_dir))
     logger.finish(summary)
     return summary
+
+
+def _figures(run_dir: Path, logger: Logger) -> list[Path]:
+    """The figures of ``python -m metarl.inspect``, written to ``run_dir/figures``; none if that fails,
+    since the run itself has succeeded."""
+    from metarl.inspect import inspect_run
+
+    try:
+        return inspect_run(run_dir)
+    except (Exception, SystemExit) as err:  # inspect reports bad input by exiting
+        logger.message(f"note: no figures for wandb ({type(err).__name__}: {err})")
+        return []
+
+
+def _best_files(run_dir: Path) -> tuple[list[Path], Optional[dict]]:
+    files = [run_dir / checkpoints.BEST_PARAMS, run_dir / checkpoints.BEST_INFO]
+    if not all(f.exists() for f in files):
+        return [], None
+    return files, checkpoints.read_best(run_dir)[1]
 
 
 def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:

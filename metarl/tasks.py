@@ -2,9 +2,14 @@
 
 Three kinds of meta-learned part (``component.kind``):
 
-- ``value_loss``: an MLP replaces PPO's value loss (``metarl.inner_loops.components.MLPValueLoss``);
-- ``policy_objective``: a learned LPO drift replaces PPO's clipping (``LPODrift``);
+- ``value_loss``: a component replaces PPO's value loss (by default the MLP of
+  ``metarl.inner_loops.components.MLPValueLoss``);
+- ``policy_objective``: a component replaces PPO's clipped objective (by default the LPO drift, ``LPODrift``);
 - ``hyperparams``: the inner trainer's float hyperparameters, searched in a bounded space.
+
+``component._target_`` names the component class (a class of your own with ``init(key)`` and
+``apply(meta_params, ...)``; the other keys are its constructor arguments) and ``inner._target_`` the
+trainer's config class, whose module provides ``make_train`` (see ``metarl.plugins``).
 """
 from __future__ import annotations
 
@@ -15,64 +20,85 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from metarl.inner_loops.components import TEMPORAL_INPUTS, VALUE_LOSS_INPUTS, LPODrift, MLPValueLoss
+from metarl import plugins
 from metarl.config import INT32_MAX, ConfigError, RunConfig
 
-# algo name -> (module, config class); imported on use so a trainer's import cost is paid only by its runs.
+# The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
+# Imported on use so a trainer's import cost is paid only by its runs.
 TRAINERS = {
-    "ppo": ("metarl.inner_loops.ppo", "PPOConfig"),
-    "dqn": ("metarl.inner_loops.dqn", "DQNConfig"),
-    "q_learning": ("metarl.inner_loops.q_learning", "QLearningConfig"),
+    "ppo": "metarl.inner_loops.ppo.PPOConfig",
+    "dqn": "metarl.inner_loops.dqn.DQNConfig",
+    "q_learning": "metarl.inner_loops.q_learning.QLearningConfig",
 }
 KINDS = ("value_loss", "policy_objective", "hyperparams")
-# Seams a kind plugs into, per trainer.
-_SEAMS = {"value_loss": "ppo", "policy_objective": "ppo"}
+# The shipped component of each learned kind, used where `component._target_` is not given.
+COMPONENTS = {
+    "value_loss": "metarl.inner_loops.components.MLPValueLoss",
+    "policy_objective": "metarl.inner_loops.components.LPODrift",
+}
 
 
-def trainer_module(algo: str):
-    if algo not in TRAINERS:
-        raise ConfigError(f"inner.algo: unknown trainer {algo!r}; allowed: {', '.join(TRAINERS)}")
-    module_name, config_name = TRAINERS[algo]
-    module = importlib.import_module(module_name)
-    return module, getattr(module, config_name)
+def trainer_module(config_cls):
+    """The module holding a trainer config class; it must provide ``make_train(config, ...)``."""
+    module = importlib.import_module(config_cls.__module__)
+    if not callable(getattr(module, "make_train", None)):
+        raise ConfigError(f"inner._target_: {config_cls.__module__} has no make_train(config); allowed: a "
+                          "config class whose module defines make_train(config) -> train(key, meta_params=None)")
+    return module
 
 
 def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
     """The trainer's own config for one task: ``cfg.inner`` with the task's ``inner`` on top, validated
-    (errors name ``inner.X``, or ``tasks[i].inner.X`` for a task's own setting)."""
+    (errors name ``inner.X``, or ``tasks[i].inner.X`` for a task's own setting).
+
+    Returns ``(name, module, config)``: ``inner.algo`` names a shipped trainer, ``inner._target_``
+    (which wins) the config class of one of your own."""
     spec = spec or task_specs(cfg)[0]
     inner = dict(cfg.inner)
     algo = inner.pop("algo", "ppo")
-    module, config_cls = trainer_module(algo)
-    fields = [f.name for f in dataclasses.fields(config_cls)]
+    target = inner.pop(plugins.TARGET, None)
+    if target is None:
+        if algo not in TRAINERS:
+            raise ConfigError(f"inner.algo: unknown trainer {algo!r}; allowed: {', '.join(TRAINERS)} "
+                              "(or inner._target_: a config class of your own)")
+        target, field = TRAINERS[algo], "inner.algo"
+    else:
+        algo, field = target, "inner._target_"
     if "env" in inner:
         raise ConfigError("inner.env: set the environment with the top-level `env=ID` (or `tasks`)")
-    where = {k: "inner" for k in inner}
     for key in spec.inner:
-        if key == "algo":
-            raise ConfigError(f"{spec.path}.inner.algo: every task uses the run's trainer; allowed: set "
-                              "inner.algo for the whole run")
-        where[key] = f"{spec.path}.inner"
+        if key in ("algo", plugins.TARGET, "env"):
+            raise ConfigError(f"{spec.path}.inner.{key}: set for the whole run; allowed: the trainer's own "
+                              "settings (total_timesteps, num_envs, num_steps, hidden, ...)")
     inner.update(spec.inner)
-    for key in inner:
-        if key not in fields:
-            raise ConfigError(f"{where[key]}.{key}: unknown setting for {algo}; allowed: "
-                              f"{', '.join(f for f in fields if f != 'env')}")
-    inner = {k: tuple(v) if isinstance(v, list) else v for k, v in inner.items()}
+    config_cls = plugins.locate(target, field)
+    module = trainer_module(config_cls)
     try:
-        config = config_cls(env=spec.env, **inner)
-        config.validate()
+        takes_env = "env" in plugins.constructor_arguments(config_cls)[0]
+        config = plugins.instantiate(target, inner, field, "inner.", injected={"env": spec.env} if takes_env else {})
+        if callable(getattr(config, "validate", None)):
+            config.validate()
+    except ConfigError as err:
+        raise ConfigError(_task_field(str(err), spec)) from None
     except ValueError as err:
-        message = str(err)
-        if message.startswith("env:"):
-            raise ConfigError(f"{spec.path}.env{message[3:]}" if spec.path != "env" else message) from None
-        field = message.split(":", 1)[0]
-        raise ConfigError(f"{where.get(field, 'inner')}.{message}") from None
+        raise ConfigError(_task_field(f"inner.{err}", spec)) from None
     if spec.path != "env":
         _check_whole_updates(config, spec)
     return algo, module, config
+
+
+def _task_field(message: str, spec) -> str:
+    """A trainer's error for one task, naming where its setting came from: ``env`` or ``tasks[i].env``
+    for the environment, ``tasks[i].inner.X`` for the task's own ``X``, ``inner.X`` otherwise."""
+    for prefix in ("inner.env:", "env:"):
+        if message.startswith(prefix):
+            rest = message[len(prefix):]
+            return f"env:{rest}" if spec.path == "env" else f"{spec.path}.env:{rest}"
+    key = message.split(":", 1)[0].removeprefix("inner.").split(".")[0]
+    if message.startswith("inner.") and key in spec.inner:
+        return f"{spec.path}.{message}"
+    return message
 
 
 def _check_whole_updates(config, spec) -> None:
@@ -221,7 +247,8 @@ class Task:
 
     kind: str
     algo: str
-    component: Any                 # MLPValueLoss, LPODrift or HyperparamSpace
+    component: Any                 # the component (MLPValueLoss, LPODrift, yours) or HyperparamSpace
+    trainer: Any                   # the trainer's module: make_train(inner_config, **seams)
     specs: list                    # TaskSpec per task
     inner_configs: list            # the trainer config per task
     template: Any                  # the meta-parameters' pytree shape
@@ -261,39 +288,20 @@ def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
 def _component_from_config(kind: str, spec: dict, trainer_fields: list[str]):
     spec = dict(spec)
     spec.pop("kind", None)
-    if kind == "value_loss":
-        allowed = ("hidden", "inputs", "residual")
-        _refuse_unknown(spec, allowed)
-        hidden = tuple(spec.get("hidden", (64, 64)))
-        inputs = tuple(spec.get("inputs", ("error",)))
-        bad = [i for i in inputs if i not in VALUE_LOSS_INPUTS]
-        if bad or not inputs:
-            raise ConfigError(f"component.inputs: {list(inputs)!r}; allowed: a non-empty subset of "
-                              f"{', '.join(VALUE_LOSS_INPUTS)}")
-        _check_hidden(hidden)
-        return MLPValueLoss(hidden=hidden, inputs=inputs, residual=bool(spec.get("residual", False)))
-    if kind == "policy_objective":
-        _refuse_unknown(spec, ("hidden", "ppo_init", "inputs"))
-        hidden = tuple(spec.get("hidden", (128,)))
-        _check_hidden(hidden)
-        inputs = tuple(spec.get("inputs", ()))
-        bad = [i for i in inputs if i not in TEMPORAL_INPUTS]
-        if bad:
-            raise ConfigError(f"component.inputs: {list(inputs)!r}; allowed: a subset of {', '.join(TEMPORAL_INPUTS)}")
-        return LPODrift(hidden=hidden, ppo_init=bool(spec.get("ppo_init", True)), inputs=inputs)
-    _refuse_unknown(spec, ("search",))
-    return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
-
-
-def _refuse_unknown(spec, allowed):
-    for key in spec:
-        if key not in allowed:
-            raise ConfigError(f"component.{key}: unknown setting; allowed: kind, {', '.join(allowed)}")
-
-
-def _check_hidden(hidden):
-    if not hidden or any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in hidden):
-        raise ConfigError(f"component.hidden: {list(hidden)!r}; allowed: a non-empty list of positive integers")
+    if kind == "hyperparams":
+        if plugins.TARGET in spec:
+            raise ConfigError(f"component._target_: {spec[plugins.TARGET]!r} with kind hyperparams; allowed: "
+                              f"a component class for kinds {', '.join(COMPONENTS)}")
+        for key in spec:
+            if key != "search":
+                raise ConfigError(f"component.{key}: unknown setting; allowed: kind, search")
+        return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
+    target = spec.pop(plugins.TARGET, None) or COMPONENTS[kind]
+    component = plugins.instantiate(target, spec, "component._target_", "component.")
+    if not (callable(getattr(component, "init", None)) and callable(getattr(component, "apply", None))):
+        raise ConfigError(f"component._target_: {target} has no init(key) and apply(meta_params, ...); "
+                          "allowed: a component class with both (see metarl.inner_loops.components)")
+    return component
 
 
 def component_from_config(cfg: RunConfig, specs: list | None = None):
@@ -304,7 +312,10 @@ def component_from_config(cfg: RunConfig, specs: list | None = None):
     configs = [inner_config(cfg, spec) for spec in specs]
     algo = configs[0][0]
     inners = [c[2] for c in configs]
-    floats = [f.name for f in dataclasses.fields(inners[0]) if f.metadata.get("pytree_node", True)]
+    # A trainer's searchable hyperparameters are its config's pytree fields (all fields of a plain
+    # dataclass); a config that is no dataclass offers none.
+    fields = dataclasses.fields(inners[0]) if dataclasses.is_dataclass(inners[0]) else ()
+    floats = [f.name for f in fields if f.metadata.get("pytree_node", True)]
     return kind, algo, inners, _component_from_config(kind, cfg.component, floats)
 
 
@@ -314,9 +325,10 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
     ``specs`` replaces the run's own tasks (e.g. its held-out ``eval_tasks``)."""
     specs = task_specs(cfg) if specs is None else specs
     kind, algo, inners, component = component_from_config(cfg, specs)
-    module, _ = trainer_module(algo)
-    if kind in _SEAMS and algo != _SEAMS[kind]:
-        raise ConfigError(f"inner.algo: {algo!r} has no {kind} seam; allowed: {_SEAMS[kind]}")
+    module = trainer_module(type(inners[0]))
+    if kind in COMPONENTS and kind not in plugins.constructor_arguments(module.make_train)[0]:
+        raise ConfigError(f"inner.algo: {algo!r} has no {kind} seam (make_train takes no {kind}=); allowed: "
+                          "ppo, or a trainer whose make_train takes it")
     stat = statistic_fn(cfg.fitness.statistic, cfg.fitness.window)
 
     def trainer(inner):
@@ -342,7 +354,9 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
         shapes = jax.eval_shape(component.init, jax.random.key(cfg.seed))
         num_dims = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
         if num_dims > INT32_MAX:
-            raise ConfigError(f"component.hidden: {list(component.hidden)!r} makes {num_dims:,} meta-parameters; "
+            field, what = (("component.hidden", f"{list(component.hidden)!r}") if hasattr(component, "hidden")
+                           else ("component", type(component).__name__))
+            raise ConfigError(f"{field}: {what} makes {num_dims:,} meta-parameters; "
                               f"allowed: at most {INT32_MAX:,} (smaller layers)")
         template = component.init(jax.random.key(cfg.seed))
         init_mean = (jax.tree.map(jnp.zeros_like, template) if cfg.es.init_mean == "zeros" else template)
@@ -355,7 +369,7 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
                   for i, make in enumerate(trainers)]
         return jnp.stack(scores)
 
-    return Task(kind=kind, algo=algo, component=component, specs=specs, inner_configs=inners,
+    return Task(kind=kind, algo=algo, component=component, trainer=module, specs=specs, inner_configs=inners,
                 template=template, init_mean=init_mean, fitness_fn=fitness_fn, statistic=stat,
                 frames_per_eval=sum(_frames(inner) for inner in inners), trainers=trainers,
                 baselines=[module.make_train(inner) for inner in inners], describe_search=describe_search)
@@ -378,7 +392,7 @@ def _run_floats(algo: str, inner) -> int:
     space = env.action_space(params)
     actions = int(getattr(space, "n", 0) or np.prod(getattr(space, "shape", (1,))))
     if algo == "ppo":
-        hidden = list(inner.hidden_sizes)
+        hidden = list(inner.hidden)
         nets = _mlp_floats([obs, *hidden, actions]) + _mlp_floats([obs, *hidden, 1])
         rollout = inner.num_envs * inner.num_steps * (2 * obs + 8)  # obs, final obs, 8 scalars per step
         return rollout + 4 * nets + 8 * inner.num_updates
@@ -386,8 +400,10 @@ def _run_floats(algo: str, inner) -> int:
         net = _mlp_floats([obs, *inner.hidden, actions])
         replay = inner.buffer_size * (2 * obs + 3)  # obs, next obs, action, reward, done
         return replay + inner.batch_size * (2 * obs + max(inner.hidden)) + 5 * net + 8 * inner.num_logs
-    states = env.num_states(params) if hasattr(env, "num_states") else 1
-    return 8 * states * actions + 8 * inner.num_logs  # dynamics tables and the Q table
+    if algo == "q_learning":
+        states = env.num_states(params) if hasattr(env, "num_states") else 1
+        return 8 * states * actions + 8 * inner.num_logs  # dynamics tables and the Q table
+    return 0  # a trainer of your own: no estimate
 
 
 # What each algorithm's storage grows with, to name in the advice when memory runs short.
@@ -416,13 +432,13 @@ def check_memory(cfg: RunConfig, task: Task, available_bytes: Optional[int], mem
     if available_bytes and need > available_bytes:
         # Name the setting furthest above its default as the one to shrink first.
         excess = {"es.popsize": cfg.es.popsize / 16, "fitness.num_seeds": cfg.fitness.num_seeds / 2,
-                  _SIZE_FIELDS[task.algo]: run_floats / 2**18}
+                  _SIZE_FIELDS.get(task.algo, "inner"): run_floats / 2**18}
         field = max(excess, key=excess.get)
         raise ConfigError(
             f"{field}: one generation needs about {_gib(need)} ({members_here} members x "
             f"{cfg.fitness.num_seeds} seeds x {_gib(4 * run_floats * _XLA_OVERHEAD)} per member and seed) but "
             f"{_gib(available_bytes)} is available; allowed: a smaller es.popsize, fitness.num_seeds or "
-            f"{_SIZE_FIELDS[task.algo]} (or more devices)")
+            f"{_SIZE_FIELDS.get(task.algo, 'the trainer sizes')} (or more devices)")
     return need
 
 
@@ -436,14 +452,3 @@ def _frames(inner) -> int:
             return int(getattr(inner, attr))
     return 0
 
-
-def baseline_meta_params(task: Task):
-    """Meta-parameters under which the task's trainer is the hand-designed algorithm, or None when the
-    baseline is the trainer's defaults with no component (value_loss, policy_objective)."""
-    if task.kind == "hyperparams":
-        return task.component.encode({n: getattr(task.inner_config, n) for n in task.component.names})
-    return None
-
-
-def as_numpy_tree(tree):
-    return jax.tree.map(lambda x: np.asarray(x), tree)

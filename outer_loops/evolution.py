@@ -9,6 +9,9 @@ ask -> evaluate (members x seeds, vmapped, sharded over a device mesh) -> tell, 
     for _ in range(100):
         state, stats = evo.step(state)      # stats["best"], stats["mean"], ...
 
+Generations are numbered from 1: ``stats["generation"]`` and ``state.generation`` count the
+generations completed, as the console, ``metrics.jsonl`` and the checkpoint steps do.
+
 evosax minimises; the driver negates, so everything user-facing is higher-is-better. Every member is
 scored on the same ``num_seeds`` keys in a generation (common random numbers make the ranking fairer).
 A member whose fitness is NaN or infinite gets the generation's worst finite fitness (or
@@ -23,16 +26,26 @@ import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import optax
-from evosax.algorithms import CMA_ES, PGPE, SNES, Open_ES, Sep_CMA_ES, SimpleES
+from evosax.algorithms import algorithms as _EVOSAX_ALGORITHMS
+from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
 from evosax.core import fitness_shaping as shaping
 from flax import struct
 
-STRATEGIES = {"Open_ES": Open_ES, "SNES": SNES, "Sep_CMA_ES": Sep_CMA_ES, "CMA_ES": CMA_ES,
-              "PGPE": PGPE, "SimpleES": SimpleES}
-# Strategies whose update is a gradient step with an optax optimizer we choose.
-_HAS_OPTIMIZER = {"Open_ES", "SNES", "PGPE", "SimpleES"}
-# Strategies whose std is a strategy parameter (Open_ES takes a schedule instead).
-_HAS_STD_PARAM = {"SNES", "Sep_CMA_ES", "CMA_ES", "PGPE", "SimpleES"}
+_POPULATION_BASED = "population-based: its init(key, population, fitness, params) starts from a scored " \
+                    "population, while the driver starts a search from one mean"
+_SEVERAL_MEANS = "Stein variational: keeps num_populations search distributions, while the driver " \
+                 "follows one mean"
+# evosax strategies the driver cannot run, each with the reason (shown in es.strategy's error).
+UNSUPPORTED = {
+    **{name: _POPULATION_BASED for name, cls in _EVOSAX_ALGORITHMS.items()
+       if issubclass(cls, PopulationBasedAlgorithm)},
+    "RandomSearch": "needs sampling_fn, a function drawing each candidate, which a name cannot give; "
+                    "name a subclass that supplies one with es._target_",
+    "SV_CMA_ES": _SEVERAL_MEANS,
+    "SV_Open_ES": _SEVERAL_MEANS,
+}
+# Every other evosax strategy, by its evosax name (es.strategy=NAME).
+STRATEGIES = {name: cls for name, cls in _EVOSAX_ALGORITHMS.items() if name not in UNSUPPORTED}
 FITNESS_SHAPING = {
     "centered_rank": shaping.centered_rank_fitness_shaping_fn,
     "standardize": shaping.standardize_fitness_shaping_fn,
@@ -42,12 +55,19 @@ FITNESS_SHAPING = {
 }
 OPTIMIZERS = ("adam", "sgd", "clipup")
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+# Constructor arguments the driver fills from ESConfig; a custom strategy may not take them in `args`.
+_DRIVER_ARGUMENTS = ("population_size", "solution", "optimizer", "std_schedule", "use_antithetic_sampling",
+                     "fitness_shaping_fn")
 
 
 @dataclasses.dataclass(frozen=True)
 class ESConfig:
-    """Search settings. ``lr``/``optimizer`` apply to strategies that take a gradient step;
-    ``fitness_shaping=None`` keeps the strategy's own default."""
+    """Search settings. ``lr``/``optimizer`` apply to strategies that take a gradient step (their
+    constructor has an ``optimizer``); ``std_init`` to those with an initial search width (a
+    ``std_init`` parameter or a ``std_schedule``); ``antithetic`` to those with
+    ``use_antithetic_sampling``; ``fitness_shaping=None`` keeps the strategy's own default.
+    ``target`` names a strategy class of your own (``es._target_``), built with ``args``; it takes
+    the place of ``strategy``."""
 
     strategy: str = "Open_ES"
     popsize: int = 16
@@ -57,18 +77,30 @@ class ESConfig:
     adam_b1: float = 0.9
     fitness_shaping: Optional[str] = None
     antithetic: bool = True
+    target: Optional[str] = None
+    args: dict = dataclasses.field(default_factory=dict)
 
-    def needs_even_popsize(self) -> bool:
-        return self.strategy == "PGPE" or (self.strategy == "Open_ES" and self.antithetic)
+    @property
+    def name(self) -> str:
+        return self.target or self.strategy
+
+    def strategy_class(self):
+        if self.target is not None:
+            from metarl.plugins import locate
+
+            return locate(self.target, "es._target_")
+        if self.strategy in UNSUPPORTED:
+            raise ValueError(f"es.strategy: {self.strategy} does not work with this driver "
+                             f"({UNSUPPORTED[self.strategy]}); allowed: {', '.join(STRATEGIES)}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"es.strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)} "
+                             f"(not: {', '.join(UNSUPPORTED)}, see the README)")
+        return STRATEGIES[self.strategy]
 
     def validate(self) -> "ESConfig":
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"es.strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)}")
+        cls = self.strategy_class()
         if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
             raise ValueError(f"es.popsize: {self.popsize!r}; allowed: an integer >= 2")
-        if self.needs_even_popsize() and self.popsize % 2:
-            raise ValueError(f"es.popsize: {self.popsize} is odd but {self.strategy} samples antithetic "
-                             f"pairs; allowed: an even number such as {self.popsize + 1}")
         if not 0 < self.std_init < float("inf"):
             raise ValueError(f"es.std_init: {self.std_init!r}; allowed: a finite number > 0")
         if not 0 < self.lr < float("inf"):
@@ -80,28 +112,58 @@ class ESConfig:
         if self.fitness_shaping is not None and self.fitness_shaping not in FITNESS_SHAPING:
             raise ValueError(f"es.fitness_shaping: {self.fitness_shaping!r}; allowed: "
                              f"{', '.join(FITNESS_SHAPING)} or null (the strategy's default)")
+        if self.args and self.target is None:
+            raise ValueError(f"es.args: {self.args!r}; allowed: empty unless es._target_ names a strategy class")
+        # The strategy's own checks (evosax asserts an even population for antithetic sampling),
+        # run on a one-number template so they fail here, before anything is compiled.
+        make_strategy(self, {"x": jnp.zeros((1,), jnp.float32)}, cls)
         return self
 
 
-def make_strategy(config: ESConfig, template: Any):
-    """Build the evosax strategy and its params. Build it once per run: evosax's jitted methods
-    take the strategy object as a static argument hashed by identity."""
-    config.validate()
+def _driver_kwargs(config: ESConfig, cls) -> dict[str, Any]:
+    """The driver's settings as constructor arguments, for those the strategy takes."""
+    from metarl.plugins import constructor_arguments
+
+    takes = set(constructor_arguments(cls)[0])
     kwargs: dict[str, Any] = {}
-    if config.fitness_shaping is not None:
+    if config.fitness_shaping is not None and "fitness_shaping_fn" in takes:
         kwargs["fitness_shaping_fn"] = FITNESS_SHAPING[config.fitness_shaping]
-    if config.strategy in _HAS_OPTIMIZER:
+    if "optimizer" in takes:
         kwargs["optimizer"] = {
             "adam": lambda: optax.adam(config.lr, b1=config.adam_b1),
             "sgd": lambda: optax.sgd(config.lr),
             "clipup": lambda: _clipup(config.lr),
         }[config.optimizer]()
-    if config.strategy == "Open_ES":
-        kwargs["use_antithetic_sampling"] = config.antithetic
+    if "std_schedule" in takes:
         kwargs["std_schedule"] = optax.constant_schedule(config.std_init)
-    es = STRATEGIES[config.strategy](config.popsize, template, **kwargs)
+    if "use_antithetic_sampling" in takes:
+        kwargs["use_antithetic_sampling"] = config.antithetic
+    return kwargs
+
+
+def make_strategy(config: ESConfig, template: Any, cls=None):
+    """Build the evosax strategy and its params. Build it once per run: evosax's jitted methods
+    take the strategy object as a static argument hashed by identity."""
+    cls = cls or config.strategy_class()
+    kwargs = _driver_kwargs(config, cls)
+    try:
+        if config.target is not None:
+            from metarl.plugins import instantiate
+
+            es = instantiate(config.target, config.args, "es._target_", "es.args.",
+                             injected={"population_size": config.popsize, "solution": template, **kwargs},
+                             reserved=_DRIVER_ARGUMENTS)
+        else:
+            es = cls(config.popsize, template, **kwargs)
+    except AssertionError as err:  # evosax checks the population size with asserts
+        message = str(err)
+        if "even" in message:
+            raise ValueError(f"es.popsize: {config.popsize} is odd but {config.name} needs an even "
+                             f"population (antithetic pairs); allowed: an even number such as {config.popsize + 1}") from None
+        raise ValueError(f"es.popsize: {config.popsize} is refused by {config.name} ({message}); allowed: "
+                         "a population size the strategy accepts") from None
     params = es.default_params
-    if config.strategy in _HAS_STD_PARAM:
+    if hasattr(params, "std_init"):
         params = params.replace(std_init=config.std_init)
     return es, params
 
@@ -234,7 +296,7 @@ class Evolution:
             flat_mean, unravel = jax.flatten_util.ravel_pytree(mean)
             stats_search = self.describe_search(mean, unravel(search_std(es_state, flat_mean.shape)))
         quantiles = jnp.quantile(fitness, jnp.array(QUANTILES))
-        stats = {"generation": state.generation, "best": gen_best, "mean": jnp.mean(fitness),
+        stats = {"generation": new_state.generation, "best": gen_best, "mean": jnp.mean(fitness),
                  "std": jnp.std(fitness), "worst": jnp.min(fitness), "best_so_far": new_state.best_fitness,
                  "nonfinite": nonfinite, "fitness": fitness,
                  **{f"q{int(q * 100):02d}": v for q, v in zip(QUANTILES, quantiles)}}

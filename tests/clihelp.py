@@ -6,12 +6,17 @@ import sys
 # Budgets small enough that a generation takes milliseconds; compilation dominates.
 TINY = ["es.popsize=4", "fitness.num_seeds=1", "inner.num_envs=2", "inner.num_steps=8",
         "inner.total_timesteps=64", "inner.update_epochs=1", "inner.num_minibatches=1",
-        "inner.hidden_sizes=[8]", "inner.rollout_unroll=1", "component.hidden=[4]",
+        "inner.hidden=[8]", "inner.unroll=1", "component.hidden=[4]",
         "checkpoint.every=1"]
+
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def env_vars():
     env = dict(os.environ)
+    # The classes that tests name by `_target_` (plugins.py, plugin_trainer.py) live here.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
     env.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
     env["WANDB_MODE"] = "disabled"
     # One process per run unless a test asks for more: `devices.num_processes=auto` (the default)
@@ -21,8 +26,9 @@ def env_vars():
     return env
 
 
-def evolve(args, cwd, timeout=300, check=False):
-    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd, env=env_vars(),
+def evolve(args, cwd, timeout=300, check=False, extra_env=None):
+    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd,
+                          env={**env_vars(), **(extra_env or {})},
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")

@@ -1,8 +1,8 @@
 import os
 import tempfile
 
-# The flag API_NOTES found to stop XLA's CPU scheduler deadlocking small vmapped programs; harmless
-# on the jax we pin, kept as a second guard beside pytest-timeout.
+# This flag stopped XLA's CPU scheduler deadlocking small vmapped programs on jax 0.10 (README,
+# "Which jax"); harmless on the jax we pin, kept as a second guard beside pytest-timeout.
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import TINY, env_vars, evolve, snapshot
+from clihelp import TINY, env_vars, evolve, records, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ def test_tiny_run_writes_config_metrics_and_best(tmp_path):
                   check=True)
     assert (run_dir / "config.yaml").exists()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["generation"] for r in records] == [0, 1]
+    assert [r["generation"] for r in records] == [1, 2]
     for r in records:
         assert {"best", "mean", "fps", "seconds", "fitness", "nonfinite"} <= set(r)
         assert len(r["fitness"]) == 4
@@ -58,6 +58,31 @@ def test_other_experiments_run(tmp_path, experiment):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
 
 
+# The README's plug-in experiment (examples/experiments/huber_value_loss.yaml), here with the copy of
+# its component in tests/plugins.py, so the run does not depend on the working directory.
+HUBER = [f"experiments_dir={REPO / 'examples' / 'experiments'}", "experiment=huber_value_loss",
+         "component._target_=plugins.HuberValueLoss", "component.delta_init=2.0"]
+
+
+@pytest.mark.timeout(600)
+def test_component_and_strategy_of_your_own_by_target(tmp_path):
+    # A Huber value loss with a learnable width, from tests/plugins.py, evolved by a strategy class
+    # from the same module: neither is known to metarl.
+    run_dir = tmp_path / "run"
+    tiny = [a for a in TINY if not a.startswith("component.")]
+    proc = evolve([*HUBER, *tiny, "es._target_=plugins.DampedOpenES",
+                   "es.args.damping=0.5", "es.generations=2", f"run_dir={run_dir}"], cwd=tmp_path, check=True)
+    assert "gen    2/2" in proc.stdout
+    assert [r["generation"] for r in records(run_dir)] == [1, 2]
+    from metarl.results import load_best
+
+    best = load_best(run_dir)
+    assert type(best.component).__name__ == "HuberValueLoss" and best.component.delta_init == 2.0
+    assert set(best.meta_params) == {"log_delta"} and best.info["generation"] in (1, 2)
+    saved = (run_dir / "config.yaml").read_text()
+    assert "plugins.HuberValueLoss" in saved and "plugins.DampedOpenES" in saved
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("args, field", [
     (["experiment=nope"], "experiment"),
@@ -90,7 +115,7 @@ def test_other_experiments_run(tmp_path, experiment):
     (["experiment=value_loss", "fitness.nonfinite_floor=nan"], "fitness.nonfinite_floor"),
     (["experiment=value_loss", "inner.gamma=nan"], "inner.gamma"),
     (["experiment=value_loss", "inner.lr=fast"], "inner.lr"),
-    (["experiment=value_loss", "inner.hidden_sizes=64"], "inner.hidden_sizes"),
+    (["experiment=value_loss", "inner.hidden=64"], "inner.hidden"),
     (["experiment=value_loss", "component.hidden=[100000,100000]"], "component.hidden"),
     (["experiment=hyperparams", "component.search.lr.low=fast"], "component.search.lr.low"),
     # A trainer that cannot act in the environment: DQN scores a finite set of actions.
@@ -99,6 +124,12 @@ def test_other_experiments_run(tmp_path, experiment):
     (["experiment=value_loss", "es.popsize=[1,2"], "es.popsize"),
     (["experiment=value_loss", "=4"], "argument '=4'"),
     (["experiment=value_loss", "inner=[1]"], "inner"),  # Hydra's own error, without its `++` form
+    (["experiment=value_loss", "component._target_=no_such_module.Loss"], "component._target_"),
+    ([*HUBER[:2], "component._target_=plugins.NotAComponent"], "component._target_"),
+    (["experiment=value_loss", "component.typo=1"], "component.typo"),
+    (["experiment=value_loss", "es._target_=no_such_module.ES"], "es._target_"),
+    (["experiment=value_loss", "es.strategy=PSO"], "es.strategy"),
+    (["experiment=value_loss", "inner._target_=plugins.NoSuchConfig"], "inner._target_"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, field):
     (tmp_path / "afile").write_text("not a directory\n")

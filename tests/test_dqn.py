@@ -24,10 +24,10 @@ TINY = dict(total_timesteps=400, log_interval=200, buffer_size=128, batch_size=8
         ({"loss": "l1"}, "loss"),
         ({"gamma": 1.5}, "gamma"),
         ({"tau": -0.5}, "tau"),
-        ({"learning_rate": -1e-3}, "learning_rate"),
+        ({"lr": -1e-3}, "lr"),
         ({"hidden": ()}, "hidden"),
         ({"hidden": 64}, "hidden"),
-        ({"learning_rate": "fast"}, "learning_rate"),
+        ({"lr": "fast"}, "lr"),
         ({"total_timesteps": 2**31}, "total_timesteps"),
         ({"env": "Pendulum-v1"}, "env"),  # continuous actions: DQN scores a finite set
     ],
@@ -77,7 +77,7 @@ def test_vmap_over_seeds_and_learning_rates_compiles_once_and_meta_params():
 
     def run(lr, key):
         traces["n"] += 1
-        return make_train(config.replace(learning_rate=lr))(key)
+        return make_train(config.replace(lr=lr))(key)
 
     batched = jax.jit(jax.vmap(run))
     keys = jax.random.split(jax.random.key(0), 2)
@@ -86,7 +86,7 @@ def test_vmap_over_seeds_and_learning_rates_compiles_once_and_meta_params():
     assert traces["n"] == 1 and m1["loss"].shape == (2, 2)
     assert not np.allclose(m1["loss"], m2["loss"])
     # meta_params feed the same leaves as config.replace
-    p_meta, _ = jax.jit(make_train(config))(keys[0], {"learning_rate": jnp.float32(1e-3)})
+    p_meta, _ = jax.jit(make_train(config))(keys[0], {"lr": jnp.float32(1e-3)})
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b[0], rtol=1e-3, atol=1e-5), p_meta, p1)
 
 

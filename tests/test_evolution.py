@@ -4,7 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from metarl.outer_loops.evolution import STRATEGIES, ESConfig, Evolution, replace_nonfinite
+from evosax.algorithms import algorithms as evosax_algorithms
+
+from metarl.outer_loops.evolution import STRATEGIES, UNSUPPORTED, ESConfig, Evolution, replace_nonfinite
 
 TARGET = {"w": jnp.array([1.0, -2.0, 0.5]), "b": jnp.array(1.5)}
 TEMPLATE = jax.tree.map(jnp.zeros_like, TARGET)
@@ -20,11 +22,14 @@ def distance(params):
     return float(sum(jnp.sum((p - t) ** 2) for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(TARGET))))
 
 
+# The settings of every toy run, so the strategies tested twice compile once (the compilation cache).
+TOY = dict(popsize=16, std_init=0.3, lr=0.1)
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+@pytest.mark.parametrize("strategy", ["Open_ES", "SNES", "Sep_CMA_ES", "CMA_ES", "PGPE", "SimpleES"])
 def test_driver_maximises_toward_the_optimum(strategy):
-    evo = Evolution(ESConfig(strategy=strategy, popsize=16, std_init=0.3, lr=0.1), TEMPLATE, toy_fitness,
-                    num_seeds=2)
+    evo = Evolution(ESConfig(strategy=strategy, **TOY), TEMPLATE, toy_fitness, num_seeds=2)
     state = evo.init(jax.random.key(0))
     first = None
     for _ in range(60):
@@ -92,6 +97,76 @@ def test_bad_es_config_names_the_field(kwargs, field):
     assert str(err.value).startswith(field + ":")
 
 
-def test_odd_population_allowed_without_antithetic_sampling():
+def test_odd_population_allowed_where_the_strategy_takes_one():
     ESConfig(strategy="SNES", popsize=7).validate()
-    ESConfig(strategy="Open_ES", popsize=7, antithetic=False).validate()
+    ESConfig(strategy="CMA_ES", popsize=7).validate()
+    with pytest.raises(ValueError, match="^es.popsize: 7 is odd"):  # evosax's Open_ES asserts it regardless
+        ESConfig(strategy="Open_ES", popsize=7, antithetic=False).validate()
+
+
+# Wider than the population: LM_MA_ES's update is only defined for fewer members than dimensions
+# (its c_c = popsize / dims must stay below 1), as real meta-parameters always are.
+WIDE = {"w": jnp.zeros((20,)), "b": jnp.zeros(())}
+
+
+def wide_fitness(params, key):
+    return -jnp.sum((params["w"] - 1.0) ** 2) - (params["b"] + 1.0) ** 2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_every_strategy_by_name_runs_two_generations(strategy):
+    evo = Evolution(ESConfig(strategy=strategy, **TOY), WIDE, wide_fitness, num_seeds=1)
+    state = evo.init(jax.random.key(0))
+    for expected in (1, 2):
+        state, stats = evo.step(state)
+        assert int(stats["generation"]) == expected  # generations completed, from 1
+        assert int(stats["nonfinite"]) == 0 and stats["fitness"].shape == (16,)
+    assert np.isfinite(float(state.best_fitness))
+    assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(evo.mean(state)))
+    assert jax.tree.structure(evo.mean(state)) == jax.tree.structure(WIDE)
+    assert evo.trace_count == 1
+
+
+def test_every_evosax_strategy_is_reachable_or_listed_with_a_reason():
+    assert set(STRATEGIES) | set(UNSUPPORTED) == set(evosax_algorithms)
+    assert not set(STRATEGIES) & set(UNSUPPORTED)
+    assert len(STRATEGIES) >= 25
+    for name, reason in UNSUPPORTED.items():
+        with pytest.raises(ValueError) as err:
+            ESConfig(strategy=name).validate()
+        message = str(err.value)
+        assert message.startswith("es.strategy:") and reason in message and "\n" not in message
+
+
+@pytest.mark.parametrize("strategy", ["ARS", "CR_FM_NES", "GuidedES", "PersistentES"])
+def test_odd_population_refused_where_evosax_samples_pairs(strategy):
+    with pytest.raises(ValueError) as err:
+        ESConfig(strategy=strategy, popsize=7).validate()
+    assert str(err.value).startswith("es.popsize: 7 is odd")
+
+
+@pytest.mark.timeout(300)
+def test_custom_strategy_by_target_gets_the_driver_settings_and_its_arguments():
+    config = ESConfig(target="plugins.DampedOpenES", args={"damping": 0.5}, **TOY).validate()
+    evo = Evolution(config, TEMPLATE, toy_fitness, num_seeds=1)
+    assert type(evo.es).__name__ == "DampedOpenES" and evo.es.damping == 0.5
+    assert evo.es.population_size == 16  # the driver's popsize and template reach the constructor
+    state = evo.init(jax.random.key(0))
+    for _ in range(2):
+        state, stats = evo.step(state)
+    assert int(stats["generation"]) == 2 and np.all(np.isfinite(stats["fitness"]))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(target="no_such_module.ES"), "es._target_"),
+    (dict(target="plugins.NoSuchES"), "es._target_"),
+    (dict(target="plugins.DampedOpenES", args={"dampening": 1.0}), "es.args.dampening"),
+    (dict(target="plugins.DampedOpenES", args={"optimizer": "adam"}), "es.args.optimizer"),
+    (dict(args={"damping": 1.0}), "es.args"),
+])
+def test_bad_custom_strategy_names_the_field(kwargs, field):
+    with pytest.raises(ValueError) as err:
+        ESConfig(**kwargs).validate()
+    assert str(err.value).startswith(field + ":"), str(err.value)
+    assert "\n" not in str(err.value)

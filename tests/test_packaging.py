@@ -19,7 +19,7 @@ TRAIN_SCRIPT = """
 import jax
 from metarl.inner_loops.ppo import PPOConfig, make_train
 config = PPOConfig(env="CartPole-v1", num_envs=2, num_steps=8, total_timesteps=64, update_epochs=1,
-                   num_minibatches=1, hidden_sizes=(8,), rollout_unroll=1)
+                   num_minibatches=1, hidden=(8,), unroll=1)
 _, metrics = jax.jit(make_train(config))(jax.random.key(0))
 print("trained", metrics["episode_return"].shape[0])
 """

@@ -116,6 +116,22 @@ def test_vmap_over_learning_rates_traces_once():
 
 
 @pytest.mark.timeout(300)
+def test_float_hyperparameters_in_meta_params_replace_the_config():
+    # The layout DQN and Q-learning take as well: meta_params keyed by what each entry replaces.
+    cfg = PPOConfig(**TINY)
+    key = jax.random.key(3)
+    p_meta, m_meta = jax.jit(make_train(cfg))(key, {"lr": jnp.float32(3e-3), "gamma": jnp.float32(0.9)})
+    p_cfg, m_cfg = jax.jit(make_train(cfg.replace(lr=3e-3, gamma=0.9)))(key)
+    p_base, _ = jax.jit(make_train(cfg))(key)
+    np.testing.assert_allclose(m_meta["value_loss"], m_cfg["value_loss"], rtol=1e-5, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(p_meta), jax.tree.leaves(p_cfg)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not all(np.allclose(a, b) for a, b in zip(jax.tree.leaves(p_meta), jax.tree.leaves(p_base)))
+    with pytest.raises(ValueError, match="meta_params: unknown keys"):
+        make_train(cfg)(key, {"num_envs": 2})
+
+
+@pytest.mark.timeout(300)
 def test_metrics_are_scalars_per_update():
     cfg = PPOConfig(**TINY)
     _, metrics = jax.jit(make_train(cfg))(jax.random.key(0))
@@ -237,7 +253,7 @@ def test_learned_value_loss_plugs_into_training():
     (dict(num_envs=0), "num_envs"),
     (dict(activation="sigmoidish"), "activation"),
     (dict(lr="fast"), "lr"),
-    (dict(hidden_sizes=64), "hidden_sizes"),
+    (dict(hidden=64), "hidden"),
     (dict(num_steps=2**32), "num_steps"),
     (dict(gamma=float("nan")), "gamma"),
 ])

@@ -14,7 +14,7 @@ START_VALUE = GAMMA**17 / (1 - GAMMA**18)  # 0.196: reward 1 every 18 steps, for
 
 
 def test_learns_shortest_path_and_start_value_on_8x12():
-    config = QLearningConfig(total_timesteps=1_000_000, log_interval=100_000, alpha=0.1, gamma=GAMMA, epsilon=0.1)
+    config = QLearningConfig(total_timesteps=1_000_000, log_interval=100_000, lr=0.1, gamma=GAMMA, epsilon=0.1)
     q, metrics = jax.jit(jax.vmap(make_train(config)))(jax.random.split(jax.random.key(0), 4))
     assert q.shape == (4, 96, 4)
     assert metrics["episode_return"].shape == (4, 10) and metrics["episodes"].shape == (4, 10)
@@ -63,13 +63,13 @@ def test_epsilon_one_explores_uniformly_even_when_values_differ():
     assert counts.min() > n / 4 * 0.8
 
 
-def test_vmap_over_seeds_and_alphas_compiles_once():
+def test_vmap_over_seeds_and_lrs_compiles_once():
     traces = {"n": 0}
     config = QLearningConfig(total_timesteps=2_000, log_interval=1_000, unroll=2)
 
-    def run(alpha, key):
+    def run(lr, key):
         traces["n"] += 1
-        return make_train(config.replace(alpha=alpha))(key)
+        return make_train(config.replace(lr=lr))(key)
 
     batched = jax.jit(jax.vmap(jax.vmap(run, in_axes=(None, 0)), in_axes=(0, None)))
     keys = jax.random.split(jax.random.key(0), 3)
@@ -84,8 +84,8 @@ def test_meta_params_override_float_hyperparameters():
     config = QLearningConfig(total_timesteps=2_000, log_interval=1_000, unroll=2)
     train = jax.jit(make_train(config))
     key = jax.random.key(0)
-    q_meta, _ = train(key, {"alpha": jnp.float32(0.5)})
-    q_cfg, _ = jax.jit(make_train(config.replace(alpha=0.5)))(key)
+    q_meta, _ = train(key, {"lr": jnp.float32(0.5)})
+    q_cfg, _ = jax.jit(make_train(config.replace(lr=0.5)))(key)
     np.testing.assert_allclose(q_meta, q_cfg)
     with pytest.raises(ValueError, match="meta_params"):
         train(key, {"hidden": 3})
@@ -100,8 +100,8 @@ def test_meta_params_override_float_hyperparameters():
         ({"algorithm": "sarsa_lambda"}, "algorithm"),
         ({"epsilon": 1.5}, "epsilon"),
         ({"gamma": -0.1}, "gamma"),
-        ({"alpha": 0.0}, "alpha"),
-        ({"alpha": "fast"}, "alpha"),
+        ({"lr": 0.0}, "lr"),
+        ({"lr": "fast"}, "lr"),
         ({"q_init": float("inf")}, "q_init"),
         ({"log_interval": 2**31}, "log_interval"),
         ({"env": "CartPole-v1"}, "env"),  # no numbered states to keep a table of
@@ -114,7 +114,7 @@ def test_validate_names_the_field(change, field):
 
 
 def test_validate_skips_traced_values():
-    jax.vmap(lambda a: QLearningConfig(alpha=a).validate().alpha)(jnp.array([0.1, 2.0]))
+    jax.vmap(lambda a: QLearningConfig(lr=a).validate().lr)(jnp.array([0.1, 2.0]))
 
 
 def test_tables_follow_the_env_class():
@@ -133,7 +133,7 @@ def test_tables_follow_the_env_class():
 def test_doors_with_time_limit_runs_and_finds_the_goal():
     config = QLearningConfig(
         env="Doors", env_kwargs=(("max_steps_in_episode", 100),), total_timesteps=200_000,
-        log_interval=20_000, gamma=0.95, alpha=0.5, epsilon=0.1, q_init=1.0,  # optimism explores
+        log_interval=20_000, gamma=0.95, lr=0.5, epsilon=0.1, q_init=1.0,  # optimism explores
     )
     q, metrics = jax.jit(make_train(config))(jax.random.key(0))
     assert q.shape == (225, 5)

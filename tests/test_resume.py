@@ -38,7 +38,7 @@ def test_three_then_resume_three_equals_six_straight(tmp_path, straight_six):
     assert len(records(run_dir)) == 3
     proc = evolve([f"resume={run_dir}", "es.generations=6"], cwd=tmp_path, check=True)
     assert "resuming" in proc.stdout
-    assert [r["generation"] for r in records(run_dir)] == list(range(6))
+    assert [r["generation"] for r in records(run_dir)] == list(range(1, 7))
     assert_same_run(run_dir, straight_six)
 
 
@@ -175,3 +175,13 @@ def test_exported_best_loads_into_a_fresh_ppo_training(straight_six):
     train = jax.jit(make_train(best.inner_config, value_loss=best.component))
     _, metrics2 = train(jax.random.key(123), {"value_loss": best.meta_params})
     np.testing.assert_allclose(metrics["episode_return"], metrics2["episode_return"], rtol=1e-5)
+
+
+def test_a_run_saved_before_a_setting_was_added_still_counts_as_the_same_search():
+    from metarl import config as config_lib
+
+    new = config_lib.load("value_loss", []).to_dict()
+    old = {**new, "es": {k: v for k, v in new["es"].items() if k not in ("_target_", "args")}}
+    assert config_lib.search_differences(old, new) == []  # absent then, at its empty default now
+    changed = {**new, "es": {**new["es"], "_target_": "my_pkg.MyES"}}
+    assert config_lib.search_differences(old, changed) == ["es._target_: '<unset>' -> 'my_pkg.MyES'"]

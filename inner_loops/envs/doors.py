@@ -72,7 +72,6 @@ class Doors(environment.Environment[EnvState, EnvParams]):
         self.door_rows = tuple(door_rows)
         self.start_cell = start
         self.goal_cell = goal
-        self.walls_np = walls
         self.walls = jnp.asarray(walls)
         # Every observation shares the walls and goal; only the agent plane moves.
         background = np.zeros((size, size, 4), np.float32)

@@ -1,0 +1,113 @@
+"""Parts named by ``_target_``: a dotted path to a class, built by ``hydra.utils.instantiate`` with
+its constructor arguments from the config. Every problem is one line naming the config field.
+
+    component: {kind: value_loss, _target_: my_pkg.losses.HuberValueLoss, delta: 1.0}
+    inner:     {_target_: my_pkg.trainer.MyConfig, total_timesteps: 20000}
+    es:        {_target_: my_pkg.strategies.MyES, args: {momentum: 0.5}}
+
+The module must be importable where the run starts (installed, or on ``sys.path``: ``python -m``
+puts the current directory there, ``PYTHONPATH`` adds others).
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from metarl.config import ConfigError
+
+TARGET = "_target_"
+
+
+def locate(path: Any, field: str) -> Any:
+    """The object at the dotted ``path``; ``field`` names the setting in the error."""
+    allowed = "allowed: the dotted path of an importable class, such as my_pkg.module.MyClass"
+    if not isinstance(path, str) or "." not in path.strip("."):
+        raise ConfigError(f"{field}: {path!r}; {allowed}")
+    parts = path.split(".")
+    module, error = None, None
+    for i in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
+        try:
+            module = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as err:
+            error = error or err
+            continue
+        except Exception as err:  # the module exists but fails on import
+            raise ConfigError(f"{field}: {path!r} cannot be imported ({type(err).__name__}: "
+                              f"{_first_line(err)}); {allowed}") from None
+        obj = module
+        try:
+            for name in parts[i:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            raise ConfigError(f"{field}: {path!r} cannot be imported ({'.'.join(parts[:i])} has no "
+                              f"{'.'.join(parts[i:])}); {allowed}") from None
+        return obj
+    raise ConfigError(f"{field}: {path!r} cannot be imported (ModuleNotFoundError: {_first_line(error)}); "
+                      f"{allowed}")
+
+
+def constructor_arguments(cls: Any) -> tuple[list[str], bool]:
+    """``(argument names, takes any keyword)`` of a class's constructor. Through ``**kwargs`` the
+    base classes' arguments count too, since that is where a subclass passes them on; only a chain
+    that ends in ``**kwargs`` (or cannot be read) takes any keyword."""
+    names: list[str] = []
+    for klass in getattr(cls, "__mro__", (cls,)):
+        init = klass.__init__ if isinstance(klass, type) else klass
+        if init is object.__init__:
+            return names, False
+        try:
+            params = list(inspect.signature(init).parameters.values())
+        except (TypeError, ValueError):
+            return names, True
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and p.name != "self" and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return names, False
+    return names, True
+
+
+def instantiate(path: str, args: dict, field: str, arg_prefix: str, injected: dict | None = None,
+                reserved: tuple = ()) -> Any:
+    """Build the class at ``path`` with the config's ``args`` plus the objects metarl hands it
+    (``injected``, e.g. the parameter template); ``arg_prefix`` names an argument in errors."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate as hydra_instantiate
+
+    cls = locate(path, field)
+    if not callable(cls):
+        raise ConfigError(f"{field}: {path!r} is not a class; allowed: the dotted path of a class")
+    names, any_kwargs = constructor_arguments(cls)
+    injected = dict(injected or {})
+    for key in args:
+        if key in reserved or key in injected:
+            raise ConfigError(f"{arg_prefix}{key}: set by metarl, not by the config; allowed: "
+                              f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
+        if not any_kwargs and key not in names:
+            raise ConfigError(f"{arg_prefix}{key}: not an argument of {path}; allowed: "
+                              f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
+    # Hydra builds the class with the config's arguments (a nested `_target_` among them is built
+    # too); lists are handed over as tuples afterwards, since Hydra would turn them back into lists and
+    # static config fields must be hashable, and metarl's own objects (templates, optimizers) go in
+    # directly rather than through OmegaConf.
+    lists = {k: tuple(v) for k, v in args.items() if isinstance(v, list)}
+    rest = {k: v for k, v in args.items() if k not in lists}
+    try:
+        factory = hydra_instantiate({TARGET: path, "_partial_": True, **rest}, _convert_="all")
+        return factory(**lists, **injected)
+    except InstantiationException as err:
+        cause = err.__cause__ or err
+    except (ValueError, TypeError, AssertionError) as err:
+        cause = err
+    if isinstance(cause, (ConfigError, AssertionError)):
+        raise cause
+    message = _first_line(cause)
+    if isinstance(cause, ValueError) and ":" in message.split(";")[0]:
+        # The class names its own argument first ("hidden: ...; allowed: ..."), as metarl's do.
+        raise ConfigError(f"{arg_prefix}{message}") from None
+    raise ConfigError(f"{field}: {path} failed to build ({type(cause).__name__}: {message})") from None
+
+
+def _first_line(err: BaseException | None) -> str:
+    text = str(err).strip() if err is not None else ""
+    return text.splitlines()[0] if text else type(err).__name__
