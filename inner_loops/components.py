@@ -188,6 +188,8 @@ class LPODrift:
     inputs: tuple = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "hidden", _check_hidden(self.hidden))
+        object.__setattr__(self, "inputs", tuple(self.inputs))
         bad = [i for i in self.inputs if i not in TEMPORAL_INPUTS]
         if bad:
             raise ValueError(f"inputs: {list(self.inputs)!r}; allowed: a subset of {', '.join(TEMPORAL_INPUTS)}")
@@ -195,9 +197,6 @@ class LPODrift:
     @property
     def temporal(self) -> bool:
         return bool(self.inputs)
-
-    def __post_init__(self):
-        object.__setattr__(self, "hidden", _check_hidden(self.hidden))
 
     @property
     def net(self):

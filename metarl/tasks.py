@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from metarl import plugins
 from metarl.config import INT32_MAX, ConfigError, RunConfig

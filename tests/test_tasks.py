@@ -1,9 +1,7 @@
 """Meta-training on several tasks: per-task fitness, normalised scores, one trace, resume, bad lists."""
 import json
-import os
 import signal
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
