@@ -76,3 +76,22 @@ def snapshot(root):
 
     root = Path(root)
     return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+
+
+def start_and_kill_after(args, cwd, run_dir, generations: int, timeout: float = 600) -> int:
+    """Start a run, SIGKILL it once ``generations`` are logged (the next one is then running), and
+    return how many generations its metrics.jsonl holds."""
+    import signal
+    import time
+    from pathlib import Path
+
+    proc = start_evolve(args, cwd=cwd)
+    metrics = Path(run_dir) / "metrics.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= generations:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return len(metrics.read_text().splitlines())

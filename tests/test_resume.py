@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from clihelp import TINY, evolve, final_state, records, snapshot, start_evolve
+from clihelp import TINY, evolve, final_state, records, snapshot, start_and_kill_after, start_evolve
 
 # A little more work per generation than TINY, so that a kill can land inside one.
 SLOWER = [a for a in TINY if not a.startswith("inner.total_timesteps")] + ["inner.total_timesteps=2048"]
@@ -50,16 +50,7 @@ def test_sigkill_mid_generation_and_mid_checkpoint_then_resume(tmp_path):
 
     # 1. Killed inside a generation: once two generations are logged, the third is running.
     run_dir = tmp_path / "killed"
-    proc = start_evolve([*args, f"run_dir={run_dir}"], cwd=tmp_path)
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    done_before = len(metrics.read_text().splitlines())
+    done_before = start_and_kill_after([*args, f"run_dir={run_dir}"], tmp_path, run_dir, 2, timeout=400)
     assert done_before < 6, "the run finished before it could be killed"
 
     # 2. Resumed by the same command, and killed while a checkpoint is being written.

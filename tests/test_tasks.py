@@ -1,14 +1,12 @@
 """Meta-training on several tasks: per-task fitness, normalised scores, one trace, resume, bad lists."""
 import json
-import signal
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clihelp import TINY, evolve, final_state, records, start_evolve
+from clihelp import TINY, evolve, final_state, records, start_and_kill_after
 
 from metarl import scores
 from metarl.config import ConfigError, load
@@ -119,16 +117,8 @@ def test_two_task_run_writes_per_task_fitness_and_its_reference(straight):
 @pytest.mark.timeout(900)
 def test_multi_task_run_killed_and_resumed_equals_the_straight_run(tmp_path, straight):
     run_dir = tmp_path / "killed"
-    proc = start_evolve([*ARGS, f"run_dir={run_dir}"], cwd=tmp_path)
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert len(metrics.read_text().splitlines()) < 5, "the run finished before it could be killed"
+    assert start_and_kill_after([*ARGS, f"run_dir={run_dir}"], tmp_path, run_dir, 2) < 5, \
+        "the run finished before it could be killed"
     reference = (run_dir / "reference.json").read_text()
     final = evolve([*ARGS, f"run_dir={run_dir}"], cwd=tmp_path, check=True)
     assert "measured the reference" not in final.stdout  # read back, not measured again
