@@ -28,6 +28,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import struct
 from gymnax.environments import spaces
 
@@ -36,12 +37,9 @@ from metarl.inner_loops.config_checks import check_positive_int as _check_positi
 from metarl.inner_loops.config_checks import check_range as _check_range
 from metarl.inner_loops.config_checks import static as _static
 from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, Component
-from metarl.inner_loops.flat_actor_critic import FlatActorCritic
-from metarl.inner_loops.flat_mlp import _with_ones, adam_init, adam_step
 from metarl.inner_loops.networks import (
     ACTIVATIONS,
     ActorCritic,
-    activation,
     categorical_entropy,
     categorical_log_prob,
     gaussian_entropy,
@@ -164,14 +162,6 @@ def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,
              value_loss: Component, policy_objective: Component, continuous: bool):
     """PPO's loss on a minibatch; returns ``(loss, (value_loss, policy_loss, entropy, approx_kl))``."""
     (pi_out, log_std), value = apply_fn(params, batch.obs)
-    return loss_from_outputs(pi_out, log_std, value, batch, config, meta_params, value_loss,
-                             policy_objective, continuous)
-
-
-def loss_from_outputs(pi_out, log_std, value, batch: Batch, config: PPOConfig, meta_params,
-                      value_loss: Component, policy_objective: Component, continuous: bool):
-    """``ppo_loss`` given the network's outputs (``batch.obs`` is not read). The trainer differentiates
-    this with ``jax.grad`` and back-propagates through the network by hand, so any component works."""
     if continuous:
         log_prob = gaussian_log_prob(pi_out, log_std, batch.action)
         entropy = gaussian_entropy(log_std, log_prob.shape)
@@ -210,16 +200,10 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                ) -> Callable[[jax.Array, Any], tuple[Any, dict[str, jax.Array]]]:
     """Validate ``config`` and return ``train(key, meta_params=None) -> (params, metrics)``.
 
-    ``params`` are flax parameters for ``make_agent(config)[2]`` (an ``ActorCritic``). ``metrics``
-    maps names to arrays of shape (num_updates,): ``episode_return`` (mean return of the episodes that
-    ended during the update; carried over from the previous update when none ended, 0 before the
-    first), ``episodes`` (how many ended), ``value_loss``, ``policy_loss``, ``entropy`` and
+    ``metrics`` maps names to arrays of shape (num_updates,): ``episode_return`` (mean return of the
+    episodes that ended during the update; carried over from the previous update when none ended, 0
+    before the first), ``episodes`` (how many ended), ``value_loss``, ``policy_loss``, ``entropy`` and
     ``approx_kl`` (means over the update's minibatches).
-
-    Speed notes: inside, the actor and critic are one fused network on a flat parameter vector with
-    a hand-written backward pass, gradient clipping and Adam (``FlatActorCritic``, ``flat_mlp.adam_step``);
-    only the loss on the network's outputs goes through ``jax.grad``. Each update's data is packed
-    into one (batch, columns) array, so all epochs' shuffles are one gather.
     """
     config.validate()
     env, env_params, network = make_agent(config)
@@ -230,24 +214,11 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
         high = jnp.broadcast_to(jnp.asarray(action_space.high, jnp.float32), (network.action_dim,))
     action_dim = network.action_dim
     n_envs, n_steps = config.num_envs, config.num_steps
-    n_updates, n_mb, n_epochs = config.num_updates, config.num_minibatches, config.update_epochs
+    n_updates, n_mb = config.num_updates, config.num_minibatches
     mb_size, batch_size = config.minibatch_size, config.batch_size
-    obs_dim = int(np.prod(env.observation_space(env_params).shape))
-    net = FlatActorCritic(obs_dim, tuple(config.hidden_sizes), action_dim, continuous,
-                          activation(config.activation))
-    # Columns of the packed update data: observation with its ones column, action, then four scalars.
-    n_act_cols = action_dim if continuous else 1
-    c_act = obs_dim + 1
-    c_logp, c_value, c_adv, c_target = (c_act + n_act_cols + i for i in range(4))
 
-    def flat(obs):  # observations as (n, obs_dim + 1) float32 rows ending in 1 (the bias input)
-        return _with_ones(obs.reshape(obs.shape[0], -1).astype(jnp.float32))
-
-    def unpack(mb) -> Batch:
-        action = mb[:, c_act:c_act + n_act_cols]
-        if not continuous:
-            action = action[:, 0].astype(jnp.int32)
-        return Batch(mb[:, :c_act], action, mb[:, c_logp], mb[:, c_value], mb[:, c_adv], mb[:, c_target])
+    def flat(obs):
+        return obs.reshape(obs.shape[0], -1).astype(jnp.float32)
 
     v_reset = jax.vmap(env.reset, in_axes=(0, None))
     # Every reset state of a rollout is drawn before the scan in one batched call; the step selects
@@ -258,21 +229,25 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
     def train(key, meta_params=None):
         k_init, k_reset, k_run = jax.random.split(key, 3)
         obs, env_state = v_reset(jax.random.split(k_reset, n_envs), env_params)
-        # Initialised as the flax ActorCritic (orthogonal init), then laid out flat.
-        params = net.from_flax(network.init(k_init, flat(obs)[:, :-1]))
-        opt_state = adam_init(params)
+        params = network.init(k_init, flat(obs))
 
-        def head_loss(out, log_std, mb):
-            return loss_from_outputs(out[:, :action_dim], log_std, out[:, action_dim], unpack(mb), config,
-                                     meta_params, value_loss, policy_objective, continuous)
-        # d loss / d (network outputs, log_std) by autodiff, so any component's gradient is exact.
-        head_grad = jax.value_and_grad(head_loss, argnums=(0, 1) if continuous else 0, has_aux=True)
+        if config.anneal_lr:
+            steps_per_update = config.update_epochs * n_mb
+            def lr_schedule(count):
+                return config.lr * (1.0 - (count // steps_per_update) / n_updates)
+        else:
+            lr_schedule = config.lr
+        tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                         optax.adam(lr_schedule, eps=1e-5))
+        opt_state = tx.init(params)
 
-        def update(carry, xs):
+        def loss_fn(p, mb):
+            return ppo_loss(p, network.apply, mb, config, meta_params, value_loss, policy_objective,
+                            continuous)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+        def update(carry, key):
             params, opt_state, env_state, obs, ep_return, last_mean = carry
-            key, u = xs
-            # optax's linear annealing: constant within an update, lr * (1 - u / n_updates).
-            lr = config.lr * (1.0 - u / n_updates) if config.anneal_lr else config.lr
             k_act, k_env, k_perm, k_reset = jax.random.split(key, 4)
             # Every random number of the rollout in two draws, not two per step.
             if continuous:
@@ -281,14 +256,12 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 noise = jax.random.gumbel(k_act, (n_steps, n_envs, action_dim))
             env_keys = jax.random.split(k_env, (n_steps, n_envs))
             resets = v_reset_block(jax.random.split(k_reset, (n_steps, n_envs)), env_params)
-            log_std = net.log_std(params)
 
             def env_step(c, xs):
                 env_state, obs, ep_return = c
                 eps, keys, (reset_obs, reset_state) = xs
                 fobs = flat(obs)
-                out = net.forward(params, fobs)
-                pi_out, value = out[:, :action_dim], out[:, action_dim]
+                (pi_out, log_std), value = network.apply(params, fobs)
                 if continuous:
                     action = pi_out + jnp.exp(log_std) * eps
                     log_prob = gaussian_log_prob(pi_out, log_std, action)
@@ -313,34 +286,30 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             t_obs, t_action, t_logp, t_value, t_reward, t_done, t_trunc, t_final, t_finished = traj
 
             # On a time-limit cut the episode goes on in principle: bootstrap from the value of the
-            # real last observation (gymnax's auto-reset already replaced it in `obs`). One forward
-            # pass gives those values and the last observation's.
-            values = net.forward(params, jnp.concatenate([t_final.reshape(batch_size, -1), flat(obs)]))
-            v_final, last_value = values[:batch_size, action_dim], values[batch_size:, action_dim]
+            # real last observation (gymnax's auto-reset already replaced it in `obs`).
+            v_final = network.apply(params, t_final.reshape(batch_size, -1), method=ActorCritic.value)
             t_reward = t_reward + config.gamma * t_trunc * v_final.reshape(n_steps, n_envs)
+            last_value = network.apply(params, flat(obs), method=ActorCritic.value)
             adv, target = compute_gae(t_reward, t_value, t_done, last_value, config.gamma,
                                       config.gae_lambda)
 
-            cols = [t_obs, t_action.astype(jnp.float32).reshape(n_steps, n_envs, n_act_cols)]
-            cols += [x[..., None] for x in (t_logp, t_value, adv, target)]
-            data = jnp.concatenate(cols, axis=-1).reshape(batch_size, -1)
-            # One draw and one gather for every epoch's shuffle; the minibatches are then a reshape.
-            perms = jnp.argsort(jax.random.uniform(k_perm, (n_epochs, batch_size)), axis=-1)
-            minibatches = data[perms].reshape(n_epochs * n_mb, mb_size, -1)
+            data = Batch(t_obs, t_action, t_logp, t_value, adv, target)
+            data = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), data)
+            # One draw for every epoch's shuffle.
+            perms = jnp.argsort(jax.random.uniform(k_perm, (config.update_epochs, batch_size)), axis=-1)
 
-            def minibatch(c, mb):
-                params, opt_state = c
-                out, inputs, act_vjps = net.forward(params, mb[:, :c_act], keep=True)
-                (_, aux), d_head = head_grad(out, net.log_std(params), mb)
-                d_out, d_log_std = d_head if continuous else (d_head, None)
-                grad = net.backward(params, inputs, act_vjps, d_out, d_log_std)
-                # optax.clip_by_global_norm, then Adam, on the flat vector.
-                norm = jnp.sqrt(jnp.sum(grad * grad))
-                grad = grad * jnp.where(norm < config.max_grad_norm, 1.0, config.max_grad_norm / norm)
-                params, opt_state = adam_step(params, grad, opt_state, lr, 1e-5, True)
-                return (params, opt_state), aux
+            def epoch(c, perm):
+                shuffled = jax.tree.map(lambda x: x[perm].reshape((n_mb, mb_size) + x.shape[1:]), data)
 
-            (params, opt_state), aux = jax.lax.scan(minibatch, (params, opt_state), minibatches)
+                def minibatch(c, mb):
+                    params, opt_state = c
+                    (_, aux), grads = grad_fn(params, mb)
+                    updates, opt_state = tx.update(grads, opt_state, params)
+                    return (optax.apply_updates(params, updates), opt_state), aux
+
+                return jax.lax.scan(minibatch, c, shuffled)
+
+            (params, opt_state), aux = jax.lax.scan(epoch, (params, opt_state), perms)
             v_loss, pg_loss, ent, kl = (a.mean() for a in aux)
 
             n_done = t_done.sum()
@@ -350,9 +319,8 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             return (params, opt_state, env_state, obs, ep_return, mean_return), metrics
 
         carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()))
-        xs = (jax.random.split(k_run, n_updates), jnp.arange(n_updates, dtype=jnp.float32))
-        carry, metrics = jax.lax.scan(update, carry, xs)
-        return net.to_flax(carry[0]), metrics
+        carry, metrics = jax.lax.scan(update, carry, jax.random.split(k_run, n_updates))
+        return carry[0], metrics
 
     return train
 

@@ -162,52 +162,6 @@ def test_default_seams_give_the_hand_written_ppo_gradient():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("env, activation", [("CartPole-v1", "tanh"), ("CartPole-v1", "relu"),
-                                             ("Pendulum-v1", "tanh")])
-def test_fused_network_backward_matches_autodiff_of_the_flax_network(env, activation):
-    # The trainer runs the actor-critic as one fused network with a hand-written backward pass and
-    # differentiates only the loss on its outputs; its gradient must be jax.grad's of ppo_loss.
-    from metarl.inner_loops.flat_actor_critic import FlatActorCritic
-    from metarl.inner_loops.flat_mlp import _with_ones
-    from metarl.inner_loops.networks import activation as act_fn
-    from metarl.inner_loops.ppo import loss_from_outputs
-    cfg = PPOConfig(env=env, activation=activation, hidden_sizes=(16, 8))
-    _, _, network = make_agent(cfg)
-    cont, a_dim, n = network.continuous, network.action_dim, 64
-    obs_dim = 3 if cont else 4
-    k = jax.random.split(jax.random.key(7), 7)
-    obs = jax.random.normal(k[0], (n, obs_dim))
-    params = network.init(k[1], obs)
-    if cont:
-        params["params"]["log_std"] = jnp.full((a_dim,), 0.3)
-    action = jax.random.normal(k[2], (n, a_dim)) if cont else jax.random.randint(k[2], (n,), 0, a_dim)
-    batch = Batch(obs=obs, action=action, log_prob=jnp.log(jax.random.uniform(k[3], (n,), minval=0.3, maxval=0.7)),
-                  value=jax.random.normal(k[4], (n,)), advantage=jax.random.normal(k[5], (n,)),
-                  target=jax.random.normal(k[6], (n,)) * 2)
-    net = FlatActorCritic(obs_dim, cfg.hidden_sizes, a_dim, cont, act_fn(activation))
-    flat = net.from_flax(params)
-    for a, b in zip(jax.tree.leaves(net.to_flax(flat)), jax.tree.leaves(params)):
-        np.testing.assert_array_equal(a, b)
-
-    out, inputs, vjps = net.forward(flat, _with_ones(obs), keep=True)
-    (pi_out, _), value = network.apply(params, obs)
-    np.testing.assert_allclose(out[:, :a_dim], pi_out, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out[:, a_dim], value, rtol=1e-5, atol=1e-6)
-
-    def head(o, log_std):
-        return loss_from_outputs(o[:, :a_dim], log_std, o[:, a_dim], batch, cfg, None, L2_VALUE_LOSS,
-                                 CLIPPED_SURROGATE, cont)[0]
-    if cont:
-        d_out, d_log_std = jax.grad(head, argnums=(0, 1))(out, net.log_std(flat))
-    else:
-        d_out, d_log_std = jax.grad(head)(out, None), None
-    grad = net.backward(flat, inputs, vjps, d_out, d_log_std)
-
-    def loss(p):
-        return ppo_loss(p, network.apply, batch, cfg, None, L2_VALUE_LOSS, CLIPPED_SURROGATE, cont)[0]
-    np.testing.assert_allclose(grad, net.from_flax(jax.grad(loss)(params)), rtol=1e-4, atol=1e-6)
-
-
 def test_lpo_with_zero_network_is_ppo_clipping():
     cfg = PPOConfig()
     lpo = LPODrift()
