@@ -3,7 +3,7 @@
 Actions 0 right, 1 down, 2 left, 3 up; a move off the grid leaves the agent where it is. Reaching the
 goal gives reward ``goal_reward`` (1). Two variants, chosen by the static ``EnvParams.continuing``:
 
-* continuing (default, as in REFERENCES.md): on reaching the goal the agent is put back at the start
+* continuing (default, as in the published tabular Q-learning set-up): on reaching the goal the agent is put back at the start
   inside ``step_env``; ``terminated`` stays False, so learners bootstrap through the reset.
 * episodic: ``terminated`` is True at the goal and gymnax's auto-reset puts the agent at the start.
 
