@@ -73,6 +73,12 @@ def test_bad_task_lists_name_the_field(override, field):
     assert message.startswith(f"{field}:") and "\n" not in message, message
 
 
+def test_a_task_the_trainer_cannot_act_in_is_named():
+    with pytest.raises(ConfigError) as err:
+        build_task(load("dqn_hyperparams", ["tasks=[CartPole-v1,Pendulum-v1]"]))
+    assert str(err.value).startswith("tasks[1].env: 'Pendulum-v1' has continuous actions"), str(err.value)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("override", ["tasks=[]", "tasks=[CartPole-v1,NoSuchEnv-v0]",
                                       "tasks=[{env: CartPole-v1, inner: {total_timesteps: 100}}]"])
