@@ -98,9 +98,9 @@ def _strict(text):
 def test_metrics_jsonl_holds_no_nan_or_infinity(tmp_path):
     logger = Logger(tmp_path, {}, total_generations=2, progress=False)
     nan, inf = float("nan"), float("inf")
-    logger.log({"generation": 0, "best": nan, "mean": -inf, "fitness": [1.0, nan, inf],
+    logger.log({"generation": 1, "best": nan, "mean": -inf, "fitness": [1.0, nan, inf],
                 "search": {"mean": {"lr": inf}}, "seconds": 0.0, "fps": nan})
-    logger.log({"generation": 1, "best": 2.0, "mean": 1.5, "fitness": [1.0, 2.0], "seconds": 1.0, "fps": 3.0})
+    logger.log({"generation": 2, "best": 2.0, "mean": 1.5, "fitness": [1.0, 2.0], "seconds": 1.0, "fps": 3.0})
     rows = _strict((tmp_path / "metrics.jsonl").read_text())
     assert rows[0]["best"] is None and rows[0]["mean"] is None and rows[0]["fps"] is None
     assert rows[0]["fitness"] == [1.0, None, None] and rows[0]["search"]["mean"]["lr"] is None
