@@ -242,6 +242,7 @@ class Evolution:
         replicated = None
         if mesh is not None and mesh.size > 1:
             replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self._replicated = replicated
         self.step = jax.jit(self._step, donate_argnums=(), out_shardings=replicated)
         self.init = jax.jit(self._init)
 
@@ -259,6 +260,15 @@ class Evolution:
                                 out_specs=P("pop"), check_vma=False)
         return sharded(population, seed_keys)
 
+    def _replicate(self, tree):
+        """Pin ``tree`` whole to every device. Only the members' evaluation is split; the population
+        and its fitness are pinned so that the ask and the tell run replicated, on the same numbers in
+        the same order as on one device. Left to itself, XLA splits the tell's sums over members into
+        per-device partial sums, rounded differently, and the run drifts from the one-device run."""
+        if self._replicated is None:
+            return tree
+        return jax.lax.with_sharding_constraint(tree, self._replicated)
+
     # -- the loop --------------------------------------------------------------------------------
     def _init(self, key):
         k_es, k_run = jax.random.split(key)
@@ -273,8 +283,9 @@ class Evolution:
         self.trace_count += 1
         key, k_ask, k_eval, k_tell = jax.random.split(state.key, 4)
         population, es_state = self.es.ask(k_ask, state.es_state, self.es_params)
+        population = self._replicate(population)
         seed_keys = jax.random.split(k_eval, self.num_seeds)
-        per_seed = self.evaluate(population, seed_keys)        # (popsize, num_seeds[, tasks])
+        per_seed = self._replicate(self.evaluate(population, seed_keys))  # (popsize, num_seeds[, tasks])
         raw = jnp.mean(per_seed, axis=1)
         if self.aggregate is not None:
             per_task = raw
