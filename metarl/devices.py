@@ -8,6 +8,7 @@ runs the same ask/tell on it, and the population's members are split over the de
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -170,12 +171,112 @@ def needs_local_launch(devices_cfg, popsize: int) -> bool:
     return num > 1 and coordinator is None and process_id is None
 
 
+def _cpu_set(name: str) -> Optional[set[int]]:
+    cpus = os.environ.get(name, "").strip()
+    return {int(c) for c in cpus.split(",")} if cpus and hasattr(os, "sched_setaffinity") else None
+
+
+def _compiles_for_all() -> bool:
+    """Process 0 of a local launch: it compiles for every process, on every launched core."""
+    return os.environ.get("METARL_PROCESS_ID") == "0" and _cpu_set("METARL_LAUNCH_CPUS") is not None
+
+
 def pin_cpus() -> None:
     """Keep this process on the cores ``METARL_CPUS`` names (``"0"``, ``"2,3"``), before XLA starts its
-    thread pool (which sizes itself by the cores it may use)."""
-    cpus = os.environ.get("METARL_CPUS", "").strip()
-    if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+    thread pools (which size themselves by the cores the process may use). Process 0 of a local launch
+    starts on every launched core, since XLA compiles in parallel, and pins itself once it has compiled
+    (``compile_once``)."""
+    cpus = _cpu_set("METARL_LAUNCH_CPUS") if _compiles_for_all() else _cpu_set("METARL_CPUS")
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def _set_affinity_of_all_threads(cpus: set[int]) -> None:
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that has just ended
+            pass
+
+
+def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
+    """``jitted.lower(*args).compile()``, compiled once for all the processes of a run.
+
+    In a multi-process CPU run process 0 compiles and hands the executable to the others through the
+    coordination service. JAX's persistent cache cannot do this on CPU: its key includes the process
+    index and only process 0 writes entries, so every other process compiled from scratch on every
+    run, on its one pinned core. Process 0 keeps the shared executable in the compilation cache
+    directory too (``_shared_cache_path``), so a repeated run loads it instead of compiling."""
+    lowered = jitted.lower(*args)
+    if jax.process_count() == 1 or jax.devices()[0].platform != "cpu":  # JAX's cache serves accelerators
+        return lowered.compile()
+    import hashlib
+
+    from jax.experimental import serialize_executable
+
+    # The program's fingerprint travels with it: processes that traced different programs (a bug)
+    # fail here instead of running another process's executable.
+    digest = hashlib.sha256(lowered.as_text().encode()).digest()
+    key, client = f"metarl/executable/{name}", _client()
+    if jax.process_index() == 0:
+        path = _shared_cache_path(digest)
+        payload = path.read_bytes() if path is not None and path.is_file() else None
+        compiled = None
+        if payload is not None:
+            try:
+                compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree,
+                                                                     execution_devices=jax.devices())
+            except Exception:  # a stale or damaged entry: compile again
+                payload = None
+        if payload is None:
+            # An executable that JAX's own cache hands back cannot be serialized again: compile anew.
+            was = jax.config.jax_enable_compilation_cache
+            jax.config.update("jax_enable_compilation_cache", False)
+            try:
+                compiled = lowered.compile()
+            finally:
+                jax.config.update("jax_enable_compilation_cache", was)
+            payload, _, _ = serialize_executable.serialize(compiled)
+            if path is not None:
+                _write_atomically(path, payload)
+        client.key_value_set_bytes(key, digest + payload)
+        if _compiles_for_all():
+            _set_affinity_of_all_threads(_cpu_set("METARL_CPUS"))
+        return compiled
+    message = client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
+    if message[:len(digest)] != digest:
+        raise RuntimeError(f"process {jax.process_index()} traced another program than process 0")
+    return serialize_executable.deserialize_and_load(message[len(digest):], lowered.in_tree, lowered.out_tree,
+                                                     execution_devices=jax.devices())
+
+
+def _shared_cache_path(digest: bytes):
+    """Where process 0 keeps a multi-process executable: keyed by the program, the JAX version, the
+    XLA flags, the process count and this CPU (its target and features, as XLA describes them)."""
+    import hashlib
+
+    cache_dir = jax.config.jax_compilation_cache_dir
+    if not cache_dir or os.environ.get("METARL_COMPILATION_CACHE", "1") == "0":
+        return None
+    import jaxlib
+    from jax._src.lib import xla_client
+
+    h = hashlib.sha256(digest)
+    for part in (jax.__version__, jaxlib.__version__,
+                 os.environ.get("XLA_FLAGS", ""), str(jax.process_count()), str(jax.device_count())):
+        h.update(part.encode() + b"\0")
+    h.update(xla_client.get_topology_for_devices(jax.devices()).serialize())
+    return Path(cache_dir) / f"metarl-multiprocess-{h.hexdigest()}"
+
+
+def _write_atomically(path, data: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:  # a cache that cannot be written costs a compilation next time, nothing else
+        tmp.unlink(missing_ok=True)
 
 
 def setup(devices_cfg, popsize: int) -> None:

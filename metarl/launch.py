@@ -51,13 +51,18 @@ def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock_fd: Op
 
     port = free_port()
     children: list[subprocess.Popen] = []
-    for pid, cores in enumerate(core_sets(num_processes)):
+    sets = core_sets(num_processes)
+    for pid, cores in enumerate(sets):
         env = dict(os.environ, METARL_COORDINATOR=f"127.0.0.1:{port}", METARL_PROCESS_ID=str(pid),
                    METARL_NUM_PROCESSES=str(num_processes))
         if lock_fd is not None:
             env[ENV_FD] = str(lock_fd)
         if cores:
             env["METARL_CPUS"] = ",".join(map(str, sorted(cores)))  # devices.setup pins itself
+            # every launched core: process 0 compiles on them all while the others wait (devices.compile_once)
+            env["METARL_LAUNCH_CPUS"] = ",".join(map(str, sorted(set().union(*sets))))
+            # every launched core, which process 0 compiles on while the others wait (devices.compile_once)
+            env["METARL_LAUNCH_CPUS"] = ",".join(map(str, sorted(set().union(*sets))))
         # Own session: a Ctrl-C in the terminal reaches the parent only, which forwards it once.
         children.append(subprocess.Popen([sys.executable, "-m", "metarl.evolve", *argv], env=env,
                                          start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,)))

@@ -155,7 +155,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
         logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
 
     t0 = time.perf_counter()
-    step = evo.step.lower(state).compile()  # one compilation per run, timed on its own
+    step = devices.compile_once(evo.step, state)  # one compilation per run, timed on its own
     compile_s = time.perf_counter() - t0
     devices.barrier("compiled")  # processes compile at different speeds; the first collective waits 30 s
     logger.message(f"compiled the generation in {compile_s:.1f} s; {frames_per_gen:,} frames per generation "

@@ -76,6 +76,12 @@ def test_two_processes_match_one_process_and_write_one_run_dir(tmp_path, one_dev
     assert len((runs[0] / "metrics.jsonl").read_text().splitlines()) == GENS
     assert sorted(p.name for p in (runs[0] / "ckpt").iterdir()) == [str(g) for g in range(1, GENS + 1)]
     assert_same_run(one_device, runs[0])
+    # Process 0 compiled for both and kept the executable, which a second run loads (and runs the same).
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert any(name.startswith("metarl-multiprocess-") for name in os.listdir(cache))
+    again = tmp_path / "again"
+    ok(evolve([*ARGS, "devices.num_processes=2", f"run_dir={again}"], cwd=tmp_path))
+    assert_same_run(one_device, again)
 
 
 @pytest.mark.timeout(300)
