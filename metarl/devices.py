@@ -211,6 +211,7 @@ def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
     if jax.process_count() == 1 or jax.devices()[0].platform != "cpu":  # JAX's cache serves accelerators
         return lowered.compile()
     import hashlib
+    import zlib
 
     from jax.experimental import serialize_executable
 
@@ -224,8 +225,8 @@ def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
         compiled = None
         if payload is not None:
             try:
-                compiled = serialize_executable.deserialize_and_load(payload, lowered.in_tree, lowered.out_tree,
-                                                                     execution_devices=jax.devices())
+                compiled = serialize_executable.deserialize_and_load(zlib.decompress(payload), lowered.in_tree,
+                                                                     lowered.out_tree, execution_devices=jax.devices())
             except Exception:  # a stale or damaged entry: compile again
                 payload = None
         if payload is None:
@@ -236,18 +237,33 @@ def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
                 compiled = lowered.compile()
             finally:
                 jax.config.update("jax_enable_compilation_cache", was)
-            payload, _, _ = serialize_executable.serialize(compiled)
+            payload = zlib.compress(serialize_executable.serialize(compiled)[0], 1)  # a fifth of the size
             if path is not None:
                 _write_atomically(path, payload)
-        client.key_value_set_bytes(key, digest + payload)
+        _send(client, key, digest + payload)
         if _compiles_for_all():
             _set_affinity_of_all_threads(_cpu_set("METARL_CPUS"))
         return compiled
-    message = client.blocking_key_value_get_bytes(key, int(timeout_s * 1000))
+    message = _receive(client, key, timeout_s)
     if message[:len(digest)] != digest:
         raise RuntimeError(f"process {jax.process_index()} traced another program than process 0")
-    return serialize_executable.deserialize_and_load(message[len(digest):], lowered.in_tree, lowered.out_tree,
-                                                     execution_devices=jax.devices())
+    return serialize_executable.deserialize_and_load(zlib.decompress(message[len(digest):]), lowered.in_tree,
+                                                     lowered.out_tree, execution_devices=jax.devices())
+
+
+_CHUNK = 1 << 20  # the coordination service's messages stay well under gRPC's 4 MiB default limit
+
+
+def _send(client, key: str, data: bytes) -> None:
+    chunks = [data[i:i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [b""]
+    for i, chunk in enumerate(chunks):
+        client.key_value_set_bytes(f"{key}/{i}", chunk)
+    client.key_value_set(f"{key}/count", str(len(chunks)))  # last: the chunks are all there
+
+
+def _receive(client, key: str, timeout_s: float) -> bytes:
+    count = int(client.blocking_key_value_get(f"{key}/count", int(timeout_s * 1000)))
+    return b"".join(client.blocking_key_value_get_bytes(f"{key}/{i}", 60_000) for i in range(count))
 
 
 def _shared_cache_path(digest: bytes):
