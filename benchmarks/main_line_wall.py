@@ -1,0 +1,83 @@
+"""Wall time of the README's main line, ``python -m metarl.evolve experiment=value_loss``: one process
+against ``devices.num_processes=auto`` (one process per usable core), and whether both give the same
+fitness history.
+
+Runs alternate (one, auto, auto, one, ...) so machine drift hits both alike. Each run starts with an
+empty compilation cache of its own, as a first run on a new machine does (``--warm`` keeps one cache
+per mode, filled by an untimed run first). Extra ``key=value`` arguments go to every run. Prints one
+JSON object: per mode every run's wall seconds, compile seconds and median generation seconds, the
+medians, ``ratio_auto_over_one`` of the median walls, and ``same_fitness_history``.
+
+    python benchmarks/main_line_wall.py                        # about 8 minutes per pair on 2 cores
+    python benchmarks/main_line_wall.py --pairs 2 es.generations=5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = {"one": "devices.num_processes=1", "auto": "devices.num_processes=auto"}
+
+
+def run(mode: str, overrides: list[str], run_dir: Path, cache: Path, timeout: int) -> dict:
+    env = dict(os.environ, WANDB_MODE="disabled", JAX_COMPILATION_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
+    env.pop("METARL_NUM_PROCESSES", None)
+    cmd = [sys.executable, "-m", "metarl.evolve", "experiment=value_loss", *overrides, MODES[mode],
+           f"run_dir={run_dir}"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{mode}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    out = proc.stdout + proc.stderr
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"wall_s": round(wall, 1),
+            "compile_s": float(re.search(r"compiled the generation in ([\d.]+) s", out).group(1)),
+            "devices": int(re.search(r"on (\d+) device\(s\)", out).group(1)),
+            "generation_s": round(statistics.median(r["seconds"] for r in records), 2),
+            "history": [(r["generation"], r["fitness"]) for r in records]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=1, help="runs per mode, alternating")
+    parser.add_argument("--warm", action="store_true", help="a filled compilation cache per mode")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per run before calling it a hang")
+    args, overrides = parser.parse_known_args()
+
+    import jax
+
+    results = {mode: [] for mode in MODES}
+    order = [m for i in range(args.pairs) for m in (("one", "auto") if i % 2 == 0 else ("auto", "one"))]
+    with tempfile.TemporaryDirectory(prefix="metarl-wall-") as tmp:
+        tmp = Path(tmp)
+        if args.warm:
+            for mode in MODES:
+                run(mode, [*overrides, "es.generations=1"], tmp / f"warmup-{mode}", tmp / f"cache-{mode}",
+                    args.timeout)
+        for i, mode in enumerate(order):
+            cache = tmp / (f"cache-{mode}" if args.warm else f"cache-{i}")
+            r = run(mode, overrides, tmp / f"run-{i}-{mode}", cache, args.timeout)
+            print(f"{mode}: {r['wall_s']} s wall, compile {r['compile_s']} s, {r['generation_s']} s per "
+                  f"generation on {r['devices']} device(s)", file=sys.stderr, flush=True)
+            results[mode].append(r)
+    histories = [r.pop("history") for rs in results.values() for r in rs]
+    median = {mode: statistics.median(r["wall_s"] for r in rs) for mode, rs in results.items()}
+    print(json.dumps({
+        "command": "python -m metarl.evolve experiment=value_loss " + " ".join(overrides),
+        "jax": jax.__version__, "cores": len(os.sched_getaffinity(0)), "cache": "warm" if args.warm else "cold",
+        "runs": results, "median_wall_s": median,
+        "ratio_auto_over_one": round(median["auto"] / median["one"], 3),
+        "same_fitness_history": all(h == histories[0] for h in histories)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
