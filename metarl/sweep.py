@@ -154,25 +154,28 @@ def write_summary(sweep_dir: Path) -> list[dict]:
     return rows
 
 
-def _jobs(master) -> Optional[list[list[str]]]:
-    """Every job's overrides, as the basic sweeper will make them; None for another sweeper, whose jobs
-    are known only as it runs."""
+def _jobs(master) -> tuple[list[list[str]], bool]:
+    """``(jobs, known)``: every job's overrides as the basic sweeper will make them (``known``); for
+    another sweeper, whose jobs are known only as it runs, the one set of settings all its jobs share
+    (the overrides that sweep nothing)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
-    if master.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
-        return None
-    params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
     task = OmegaConf.to_container(master.hydra.overrides.task, resolve=False)
+    if master.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        parsed = OverridesParser.create().parse_overrides(task)
+        return [[o.input_line for o in parsed if not o.is_sweep_override()]], False
+    params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
     parsed = OverridesParser.create().parse_overrides([*params, *task])
-    return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]]
+    return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]], True
 
 
-def check_jobs(app, master, jobs: list[list[str]], experiments_dir: Optional[str]) -> None:
+def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir: Optional[str]) -> None:
     """Compose and check every job as it will run, before any starts: its config, its run directory
     (new, or an earlier run of the same config), its task, devices and memory. Exits with one line on
-    the first bad one, naming the job."""
+    the first bad one, naming the job. Not ``known``: the settings the jobs share, without a run
+    directory (each job checks the rest when it starts)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
     from omegaconf import open_dict
@@ -182,9 +185,11 @@ def check_jobs(app, master, jobs: list[list[str]], experiments_dir: Optional[str
 
     devices.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
     in_process = master.hydra.launcher.get("_target_") == BASIC_LAUNCHER
+    shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
     seen = {}
     for num, job in enumerate(jobs):
-        where = f" (sweep job {num}: {' '.join(user_form(o) for o in job) or 'no overrides'})"
+        swept = " ".join(user_form(o) for o in job if o not in shared)
+        where = (f" (sweep job {num}" + (f": {swept})" if swept else ")")) if known else " (the sweep's settings)"
         try:
             job_cfg = app.config_loader.load_sweep_config(master, list(job))
             with open_dict(job_cfg):
@@ -197,8 +202,9 @@ def check_jobs(app, master, jobs: list[list[str]], experiments_dir: Optional[str
                      "allowed: a subdir that differs per job, such as ${hydra.job.num}")
             seen[run_dir] = num
             cfg = dataclasses.replace(config_lib.from_composed(job_cfg, experiments_dir), run_dir=str(run_dir))
-            config_lib.check_run_dir(str(run_dir))
-            evolve.check_existing(cfg, run_dir)
+            if known:
+                config_lib.check_run_dir(str(run_dir))
+                evolve.check_existing(cfg, run_dir)
             if in_process:
                 number, coordinator, process_id = devices.distributed_settings(cfg.devices, cfg.es.popsize)
                 if number > 1 and (coordinator is not None or process_id is not None):
@@ -207,7 +213,8 @@ def check_jobs(app, master, jobs: list[list[str]], experiments_dir: Optional[str
                          "job starts its own processes), or a launcher that runs each job in processes of its "
                          "own (hydra/launcher=submitit_slurm)")
             checked = evolve.check_run(cfg, setup_devices=False)
-            _CHECKED[tuple(job)] = (cfg, checked.task)
+            if known:
+                _CHECKED[tuple(job)] = (cfg, checked.task)
         except (config_lib.ConfigError, ValueError) as err:
             fail(str(err).splitlines()[0] + where)
         except (HydraException, OmegaConfBaseException) as err:
@@ -253,9 +260,8 @@ def run(cli: CommandLine) -> int:
         fail(str(err))
     if (sweep_dir / config_lib.CONFIG_FILE).exists():
         fail(f"run_dir: {sweep_dir} holds a run, not a sweep; allowed: a new directory, or an earlier sweep's")
-    jobs = _jobs(master)
-    if jobs is not None:
-        check_jobs(app, master, jobs, experiments_dir)
+    jobs, known = _jobs(master)
+    check_jobs(app, master, jobs, known, experiments_dir)
 
     # Everything is checked: the sweep's directory is made, then Hydra's sweeper runs the jobs.
     if not named:
@@ -264,7 +270,7 @@ def run(cli: CommandLine) -> int:
         except FileExistsError:
             fail(f"run_dir: {sweep_dir} was made by another sweep started at the same moment; allowed: the same "
                  "command again, or run_dir=PATH", code=1)
-    count = f"{len(jobs)} jobs" if jobs is not None else "jobs"
+    count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
     print(f"sweep: {count} in {sweep_dir}", flush=True)
     stopped = None
     try:
@@ -274,11 +280,15 @@ def run(cli: CommandLine) -> int:
         stopped = stop.code
     except KeyboardInterrupt:
         stopped = STOPPED[0]
+    except Exception as err:  # the launcher or sweeper itself failed (a job's own failure is its exit code)
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"error: hydra/launcher: {type(err).__name__}: {message}", file=sys.stderr, flush=True)
+        return 1
     finally:
         rows = write_summary(sweep_dir) if sweep_dir.is_dir() else []
     codes = [r["exit_code"] for r in rows]
     failed = [r for r in rows if r["exit_code"] != 0]
-    print(f"\nsweep {'stopped' if stopped else 'done'}: {len(rows)} jobs, {len(failed)} failed or unfinished; "
+    print(f"\nsweep {'stopped' if stopped else 'done'}: {len(rows)} job(s), {len(failed)} failed or unfinished; "
           f"summary in {sweep_dir / SUMMARY_CSV}", flush=True)
     if stopped:
         again = [a for a in sys.argv[1:] if config_lib.override_key(a) not in ("run_dir", "hydra.sweep.dir")]
