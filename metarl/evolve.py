@@ -50,6 +50,7 @@ def fail(message: str, code: int = EXIT_BAD_INPUT):
 class CommandLine:
     """The command line, read before Hydra sees it: options, metarl's own keys, and overrides."""
 
+    argv: list            # the command line as given
     args: list            # every KEY=VALUE as given (metarl's keys too): what a run's processes are started with
     special: dict         # experiment, resume, experiments_dir
     overrides: list       # the rest: the run's settings and Hydra's (hydra.*, hydra/...)
@@ -61,7 +62,7 @@ class CommandLine:
 
 
 def parse_command_line(argv: list[str]) -> CommandLine:
-    cli = CommandLine(args=[], special={}, overrides=[])
+    cli = CommandLine(argv=list(argv), args=[], special={}, overrides=[])
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -450,7 +451,7 @@ def help_text(cli: CommandLine) -> str:
              "",
              f"keys, with the values of {'experiment ' + experiment if experiment else 'experiments/base.yaml'}"
              " (any of them as KEY=VALUE; hydra.KEY=VALUE for Hydra's, see --cfg hydra):"]
-    lines += [f"  {key}={_show(value)}" for key, value in config_lib.flatten(data).items()]
+    lines += [f"  {key}={_show(value)}" for key, value in config_lib.flatten(data).items() if value != "???"]
     fields = _trainer_fields(data.get("inner") or {})
     if fields:
         name, defaults = fields

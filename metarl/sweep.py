@@ -291,7 +291,7 @@ def run(cli: CommandLine) -> int:
     print(f"\nsweep {'stopped' if stopped else 'done'}: {len(rows)} job(s), {len(failed)} failed or unfinished; "
           f"summary in {sweep_dir / SUMMARY_CSV}", flush=True)
     if stopped:
-        again = [a for a in sys.argv[1:] if config_lib.override_key(a) not in ("run_dir", "hydra.sweep.dir")]
+        again = [a for a in cli.argv if config_lib.override_key(a) not in ("run_dir", "hydra.sweep.dir")]
         print(f"continue with: python -m metarl.evolve {' '.join(again)} run_dir={sweep_dir}", file=sys.stderr,
               flush=True)
         return stopped
