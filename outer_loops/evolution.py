@@ -19,7 +19,6 @@ A member whose fitness is NaN or infinite gets the generation's worst finite fit
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional
 
 import jax
