@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from metarl import experiments as _experiments_pkg
+from metarl.outer_loops.es_config import ESConfig
 
 EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
 
@@ -40,19 +41,13 @@ def check_experiments_dir(experiments_dir: Optional[str]) -> Optional[str]:
 # --- the schema ----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class ESSection:
-    strategy: str = "Open_ES"
-    popsize: int = 16
+class ESSection(ESConfig):
+    """The ``es`` section: the evolution driver's own settings (``ESConfig``: strategy, popsize,
+    std_init, lr, ...), which it is handed as they are, plus two of the run's: how many generations
+    to run, and where the search starts (``zeros``, or ``init``: the component's own initialisation)."""
+
     generations: int = 30
-    std_init: float = 0.03
-    lr: float = 0.05
-    optimizer: str = "adam"
-    adam_b1: float = 0.9
-    fitness_shaping: Optional[str] = None
-    antithetic: bool = True
     init_mean: str = "zeros"
-    _target_: Optional[str] = None   # a strategy class of your own, in place of `strategy`
-    args: dict = dataclasses.field(default_factory=dict)  # its constructor arguments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +110,8 @@ class RunConfig:
     devices: DevicesSection = DevicesSection()
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Plain data, keyed as in the config files (the form ``config.yaml`` stores)."""
+        return to_dict(self)
 
 
 STATISTICS = ("final", "auc")
@@ -156,7 +152,7 @@ def _coerce(value, tp, path):
         raise errors[-1]
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{path}: {value!r}; allowed: a mapping of {', '.join(f.name for f in dataclasses.fields(tp))}")
+            raise ConfigError(f"{path}: {value!r}; allowed: a mapping of {', '.join(_key(f) for f in dataclasses.fields(tp))}")
         return build(tp, value, path + ".")
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         # nan or inf would reach the search as a number and come out as non-JSON metrics.
@@ -173,18 +169,35 @@ def _coerce(value, tp, path):
     raise ConfigError(f"{path}: {value!r}; allowed: {_type_name(tp)}")
 
 
+def _key(field: dataclasses.Field) -> str:
+    """A field's name in the config files: its ``key`` metadata (``_target_`` for ``ESConfig.target``)
+    or its own name."""
+    return field.metadata.get("key", field.name)
+
+
 def build(cls, data: dict, prefix: str = ""):
     """Build dataclass ``cls`` from a plain dict, refusing unknown keys and wrong types."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in data if k not in names]
+    fields = {_key(f): f.name for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
     if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown setting; allowed: {', '.join(names)}")
-    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown setting; allowed: {', '.join(fields)}")
+    kwargs = {fields[k]: _coerce(v, hints[fields[k]], prefix + k) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field is missing
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {err}") from None
+
+
+def to_dict(value):
+    """The inverse of ``build``: nested plain dicts and lists, keyed as in the config files."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {_key(f): to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {k: to_dict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_dict(v) for v in value)
+    return value
 
 
 def _check_positive(path, value):
@@ -241,6 +254,18 @@ def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
                           "directory you can write to")
 
 
+def override_key(override: str) -> str:
+    """The key (or config group) an override sets: ``es.popsize`` for ``++es.popsize=8``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def is_hydra_override(override: str) -> bool:
+    """An override of Hydra's own config (``hydra.run.dir=...``) or of one of its groups
+    (``hydra/launcher=joblib``), rather than of the run's."""
+    key = override_key(override)
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
 def parse_overrides(overrides: list[str]) -> list:
     """Hydra's reading of each ``key=value``, one at a time, so that a malformed one is named in a
     one-line error with what was expected (Hydra's own message names neither)."""
@@ -250,7 +275,7 @@ def parse_overrides(overrides: list[str]) -> list:
     parser = OverridesParser.create()
     parsed = []
     for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~") or override
+        key = override_key(override) or override
         try:
             parsed.append(parser.parse_overrides([override])[0])
         except HydraException as err:
@@ -261,62 +286,156 @@ def parse_overrides(overrides: list[str]) -> list:
     return parsed
 
 
-def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None) -> dict:
-    """Hydra composition of ``<experiment>.yaml`` with ``overrides``; returns a plain dict.
+def hydra_overrides(overrides: list[str]) -> list[str]:
+    """The overrides as they are handed to Hydra: ``++key=value`` (add or override) for the run's keys,
+    so that any trainer field can be set (unknown keys are refused afterwards by ``build``, with the
+    allowed names); Hydra's own keys and groups, and overrides with their own prefix, as given."""
+    return [o if o.startswith(("+", "~")) or is_hydra_override(o) else "++" + o for o in overrides]
 
-    The shipped experiments are always on the search path; a user's ``experiments_dir`` comes first,
-    so its files are found by name and can list the shipped ``base`` (or any shipped experiment) in
-    their defaults.
-    """
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+
+def hydra_app(experiments_dir: Optional[str] = None):
+    """Hydra's application object over the experiment folders: a user's ``experiments_dir`` first (its
+    files are found by name and can list the shipped ``base``, or any shipped experiment, in their
+    defaults), then the shipped ones. It composes configs and runs sweeps (``metarl.sweep``).
+    ``experiments_dir`` must already be checked (``check_experiments_dir``)."""
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    version.setbase("1.3")  # no chdir into the output directory, no deprecation warnings
+    GlobalHydra.instance().clear()
+    search = create_config_search_path(Path(experiments_dir or EXPERIMENTS_DIR).as_uri())
+    if experiments_dir:  # right after the user's folder (Hydra's structured configs must stay last)
+        search.append("metarl", EXPERIMENTS_DIR.as_uri(), anchor=SearchPathQuery(provider="main"))
+    return Hydra.create_main_hydra2("metarl", search)
+
+
+def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None,
+            multirun: bool = False, app=None):
+    """Hydra's composition of ``<experiment>.yaml`` with ``overrides`` (the run's and Hydra's own):
+    the whole config as a DictConfig, Hydra's section included. ``multirun``: as for a sweep, where
+    ``key=a,b`` lists values to sweep; otherwise such a value is refused. ``app``: a ``hydra_app``
+    to compose with (one is made otherwise)."""
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
+    from hydra.types import RunMode
     from omegaconf.errors import OmegaConfBaseException
 
     experiments_dir = check_experiments_dir(experiments_dir)
     if experiment not in available_experiments(experiments_dir):
         raise ConfigError(f"experiment: unknown experiment {experiment!r}; allowed: "
                           f"{', '.join(available_experiments(experiments_dir))}")
-    # `++key=value` adds or overrides, so that any trainer field can be set from the command line;
-    # unknown keys are refused afterwards by `build`, with the allowed names.
-    parse_overrides(overrides)  # a malformed override is named here, not after the prefix below
-    forced = [o if o.startswith(("+", "~")) else "++" + o for o in overrides]
-    primary = experiments_dir or str(EXPERIMENTS_DIR)
-    search = [f"hydra.searchpath=[{Path(EXPERIMENTS_DIR).as_uri()}]"] if experiments_dir else []
+    parse_overrides(overrides)  # a malformed override is named here, not after the prefix Hydra gets
+    forced = hydra_overrides(overrides)
+    app = app or hydra_app(experiments_dir)
+    mode = RunMode.MULTIRUN if multirun else RunMode.RUN
 
-    def run(forced_overrides):
-        with initialize_config_dir(version_base="1.3", config_dir=primary, job_name="metarl"):
-            return OmegaConf.to_container(hydra_compose(config_name=experiment, overrides=forced_overrides),
-                                          resolve=True)
+    def run(some):
+        return app.compose_config(config_name=experiment, overrides=some, run_mode=mode,
+                                  with_log_configuration=False)
 
     try:
-        composed = run([*forced, *search])
+        return run(forced)
     except (HydraException, OmegaConfBaseException) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        # Hydra's message may name no override, or the `++` form above: find the one that fails alone.
-        key = "overrides"
-        for override, one in zip(overrides, forced):
-            try:
-                run([one, *search])
-            except (HydraException, OmegaConfBaseException):
-                key = override.split("=", 1)[0].lstrip("+~")
+        raise ConfigError(_composition_error(err, overrides, forced, run)) from None
+
+
+def _composition_error(err: Exception, overrides: list[str], forced: list[str], run) -> str:
+    """One line for a failed composition, naming the override that fails: Hydra's message may name
+    none, or name the ``++`` form. Groups (``hydra/launcher=...``) are applied before any value
+    whatever their order, so they are tried first, then the values one more at a time."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    groups = [i for i, o in enumerate(overrides) if "/" in override_key(o)]
+    values = [i for i in range(len(overrides)) if i not in groups]
+    trials = [groups[:n + 1] for n in range(len(groups))] + [groups + values[:n + 1] for n in range(len(values))]
+    key = "overrides"
+    for trial in trials:
+        try:
+            run([forced[i] for i in trial])
+        except (HydraException, OmegaConfBaseException):
+            key = override_key(overrides[trial[-1]])
+            break
+    if "Available options in" in text:  # an unknown config group option: Hydra lists the others
+        options = []
+        for line in text.split("Available options in", 1)[1].splitlines()[1:]:
+            if not line.startswith("\t"):
                 break
-        raise ConfigError(f"{key}: {first.replace('++', '').rstrip('.')}; allowed: a value of the setting's type "
-                          "(see experiments/base.yaml), as key=value") from None
-    composed.pop("hydra", None)
-    composed["experiments_dir"] = experiments_dir
-    return composed
+            options.append(line.strip())
+        allowed = ", ".join(options)
+    elif "Ambiguous value" in first or "requires --multirun" in first:
+        allowed = "one value, a list written [a,b], or -m to sweep over the values (one run each)"
+    elif key.startswith("hydra"):
+        allowed = ("a key of Hydra's config (`python -m metarl.evolve experiment=NAME --cfg hydra` shows them), "
+                   "or a group option such as hydra/launcher=joblib")
+    else:
+        allowed = "a value of the setting's type (see experiments/base.yaml), as key=value"
+    return f"{key}: {first.replace('++', '').rstrip('.')}; allowed: {allowed}"
+
+
+def from_composed(composed, experiments_dir: Optional[str] = None) -> RunConfig:
+    """The checked config of a composition (``compose``, or a sweep's job), without Hydra's section."""
+    import copy
+
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    task = copy.deepcopy(composed)
+    with open_dict(task):
+        task.pop("hydra", None)
+    try:
+        data = OmegaConf.to_container(task, resolve=True)
+    except OmegaConfBaseException as err:
+        key = getattr(err, "full_key", None) or "config"
+        raise ConfigError(f"{key}: {str(err).splitlines()[0]}; allowed: a value, or an interpolation that "
+                          "resolves") from None
+    data["experiments_dir"] = check_experiments_dir(experiments_dir)
+    return from_dict(data)
 
 
 def load(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None) -> RunConfig:
-    return from_dict(compose(experiment, overrides, experiments_dir))
+    return from_composed(compose(experiment, overrides, experiments_dir), experiments_dir)
 
 
 def from_dict(data: dict) -> RunConfig:
     data = dict(data)
     data.pop("hydra", None)
     return validate(build(RunConfig, data))
+
+
+CONFIG_FILE = "config.yaml"   # a run directory's resolved config: what resume, inspect and evaluate read
+
+
+def save(cfg: RunConfig, run_dir: Path) -> None:
+    """Write ``RUN_DIR/config.yaml`` whole or not at all (a rename over the old one)."""
+    from omegaconf import OmegaConf
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / (CONFIG_FILE + ".tmp")
+    OmegaConf.save(OmegaConf.create(cfg.to_dict()), tmp)
+    os.replace(tmp, run_dir / CONFIG_FILE)
+
+
+def read_saved(run_dir) -> dict:
+    """A run directory's ``config.yaml`` as plain data, unchecked; ``ConfigError`` if it is missing or
+    is no YAML mapping."""
+    from omegaconf import OmegaConf
+
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing; allowed: a metarl run directory (it holds {CONFIG_FILE})")
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:  # YAML or OmegaConf: anything unreadable is the same error here
+        raise ConfigError(f"{path}: unreadable ({type(err).__name__}); allowed: the {CONFIG_FILE} a run wrote") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a mapping; allowed: the {CONFIG_FILE} a run wrote")
+    return data
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

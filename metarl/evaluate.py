@@ -115,29 +115,29 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
     from metarl import checkpoints, results
     from metarl.config import ConfigError
-    from metarl.tasks import TaskSpec, build_task, task_specs
+    from metarl.tasks import TaskSpec, task_specs
 
-    try:
-        cfg = results.load_config(run_dir)
-        trained = task_specs(cfg)
+    def evaluated(cfg):
         if tasks is not None:
-            specs = task_specs(dataclasses.replace(cfg, tasks=tasks))
-        elif env is not None or total_timesteps is not None:
+            return task_specs(dataclasses.replace(cfg, tasks=tasks))
+        trained = task_specs(cfg)
+        if env is not None or total_timesteps is not None:
             base = trained[0]
             inner = dict(base.inner)
             if total_timesteps is not None:
                 inner["total_timesteps"] = total_timesteps
             name = (env or base.env) + (f"[total_timesteps={total_timesteps}]" if total_timesteps else "")
-            specs = [TaskSpec(name, env or base.env, inner, "env")]
-        else:
-            specs = trained + task_specs(cfg, "eval_tasks")
-        task = build_task(cfg, specs)
+            return [TaskSpec(name, env or base.env, inner, "env")]
+        return trained + task_specs(cfg, "eval_tasks")
+
+    try:
+        cfg, task = results.load_run(run_dir, evaluated)
         raw, info = checkpoints.read_best(run_dir)
         meta = serialization.from_state_dict(task.template, raw)
+        trained_keys = {_spec_key(s) for s in task_specs(cfg)}
     except (ConfigError, checkpoints.CheckpointError) as err:
         fail(str(err))
-    trained_keys = {_spec_key(s) for s in trained}
-    on_train = [_spec_key(s) in trained_keys for s in specs]
+    on_train = [_spec_key(s) in trained_keys for s in task.specs]
     return cfg, task, on_train, meta, info
 
 

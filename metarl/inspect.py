@@ -248,21 +248,18 @@ def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path) -> list[P
     return [plots.save(fig, out / "hyperparams.png")]
 
 
-def inspect_run(run_dir: str | Path, error_range: float = 5.0) -> list[Path]:
-    """Write every figure that applies to ``run_dir`` into ``run_dir/figures``; returns their paths."""
+def inspect_run(run_dir: str | Path, error_range: float = 5.0, loaded: tuple | None = None) -> list[Path]:
+    """Write every figure that applies to ``run_dir`` into ``run_dir/figures``; returns their paths.
+    ``loaded``: the run's ``(config, task)`` when the caller has them (``results.load_run``)."""
     from metarl import results
     from metarl.checkpoints import CheckpointError
     from metarl.config import ConfigError
-    from metarl.tasks import build_task
 
     run_dir = Path(run_dir)
     try:
-        cfg = results.load_config(run_dir)
-        task = build_task(cfg)
+        cfg, task = loaded or results.load_run(run_dir)
     except (CheckpointError, ConfigError) as err:
         fail(str(err))
-    except Exception as err:  # an unparsable config.yaml
-        fail(f"{run_dir / 'config.yaml'}: unreadable ({type(err).__name__}: {err})")
     out = run_dir / FIGURES
     paths = fitness_plot(run_dir, cfg, out)
     meta, info = _best_or_none(run_dir, task)

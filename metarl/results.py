@@ -13,19 +13,23 @@ from typing import Any, Callable
 from flax import serialization
 
 from metarl import checkpoints
-from metarl.config import RunConfig, from_dict
+from metarl.config import RunConfig, from_dict, read_saved
 from metarl.logger import read_metrics
-
-CONFIG_FILE = "config.yaml"
 
 
 def load_config(run_dir: str | Path) -> RunConfig:
-    from omegaconf import OmegaConf
+    """The run's saved config, checked as a new one is; ``ConfigError`` names what is wrong."""
+    return from_dict(read_saved(run_dir))
 
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.exists():
-        raise checkpoints.CheckpointError(f"{path}: missing; {run_dir} is not a metarl run directory")
-    return from_dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+
+def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = None):
+    """``(config, task)`` of a run directory, from its saved config: how ``metarl.inspect``,
+    ``metarl.evaluate`` and ``load_best`` read a run. ``tasks(config)`` gives other task specs to build
+    in place of the run's own (e.g. its held-out ``eval_tasks``)."""
+    from metarl.tasks import build_task
+
+    cfg = load_config(run_dir)
+    return cfg, build_task(cfg, None if tasks is None else tasks(cfg))
 
 
 def history(run_dir: str | Path) -> list[dict]:
@@ -55,10 +59,7 @@ class Best:
 
 
 def load_best(run_dir: str | Path) -> Best:
-    from metarl.tasks import build_task
-
-    cfg = load_config(run_dir)
-    task = build_task(cfg)
+    _, task = load_run(run_dir)
     raw, info = checkpoints.read_best(run_dir)
     meta = serialization.from_state_dict(task.template, raw)
     values = None

@@ -14,7 +14,7 @@ from metarl import checkpoints, devices, scores
 from metarl.config import RunConfig
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task, build_task
-from metarl.outer_loops.evolution import ESConfig, Evolution
+from metarl.outer_loops.evolution import Evolution
 
 
 class Interrupted(Exception):
@@ -25,13 +25,6 @@ class Interrupted(Exception):
         super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
 
 
-def es_config(cfg: RunConfig) -> ESConfig:
-    fields = {f.name for f in dataclasses.fields(ESConfig)}
-    settings = dataclasses.asdict(cfg.es)
-    settings["target"] = settings.pop("_target_")
-    return ESConfig(**{k: v for k, v in settings.items() if k in fields})
-
-
 def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto",
                     reference: Optional[dict] = None):
     """The task and the evolution driver; ``reference`` holds the per-task baseline and random returns
@@ -39,7 +32,7 @@ def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "au
     task = task or build_task(cfg)
     if mesh == "auto":
         mesh = devices.population_mesh(cfg.es.popsize)
-    evo = Evolution(es_config(cfg), task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
+    evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
                     init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
                     describe_search=task.describe_search,
                     aggregate=scores.make_aggregate(reference, cfg.fitness.aggregate))
@@ -193,18 +186,18 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                "best_so_far": best_so_far,
                "median_fps": float(np.median([r["fps"] for r in history[start:]])) if history[start:] else None}
     if is_main and logger.wandb_on:
-        logger.log_results(_figures(run_dir, logger), *_best_files(run_dir))
+        logger.log_results(_figures(run_dir, logger, (cfg, task)), *_best_files(run_dir))
     logger.finish(summary)
     return summary
 
 
-def _figures(run_dir: Path, logger: Logger) -> list[Path]:
+def _figures(run_dir: Path, logger: Logger, loaded: tuple) -> list[Path]:
     """The figures of ``python -m metarl.inspect``, written to ``run_dir/figures``; none if that fails,
-    since the run itself has succeeded."""
+    since the run itself has succeeded. ``loaded``: the run's ``(config, task)``, not built again."""
     from metarl.inspect import inspect_run
 
     try:
-        return inspect_run(run_dir)
+        return inspect_run(run_dir, loaded=loaded)
     except (Exception, SystemExit) as err:  # inspect reports bad input by exiting
         logger.message(f"note: no figures for wandb ({type(err).__name__}: {err})")
         return []

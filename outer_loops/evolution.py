@@ -19,7 +19,6 @@ A member whose fitness is NaN or infinite gets the generation's worst finite fit
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional
 
 import jax
@@ -30,6 +29,8 @@ from evosax.algorithms import algorithms as _EVOSAX_ALGORITHMS
 from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
 from evosax.core import fitness_shaping as shaping
 from flax import struct
+
+from metarl.outer_loops.es_config import OPTIMIZERS, ESConfig  # noqa: F401 (part of this module's API)
 
 _POPULATION_BASED = "population-based: its init(key, population, fitness, params) starts from a scored " \
                     "population, while the driver starts a search from one mean"
@@ -53,71 +54,10 @@ FITNESS_SHAPING = {
     "identity": shaping.identity_fitness_shaping_fn,
     "weights": shaping.weights_fitness_shaping_fn,
 }
-OPTIMIZERS = ("adam", "sgd", "clipup")
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 # Constructor arguments the driver fills from ESConfig; a custom strategy may not take them in `args`.
 _DRIVER_ARGUMENTS = ("population_size", "solution", "optimizer", "std_schedule", "use_antithetic_sampling",
                      "fitness_shaping_fn")
-
-
-@dataclasses.dataclass(frozen=True)
-class ESConfig:
-    """Search settings. ``lr``/``optimizer`` apply to strategies that take a gradient step (their
-    constructor has an ``optimizer``); ``std_init`` to those with an initial search width (a
-    ``std_init`` parameter or a ``std_schedule``); ``antithetic`` to those with
-    ``use_antithetic_sampling``; ``fitness_shaping=None`` keeps the strategy's own default.
-    ``target`` names a strategy class of your own (``es._target_``), built with ``args``; it takes
-    the place of ``strategy``."""
-
-    strategy: str = "Open_ES"
-    popsize: int = 16
-    std_init: float = 0.03
-    lr: float = 0.05
-    optimizer: str = "adam"
-    adam_b1: float = 0.9
-    fitness_shaping: Optional[str] = None
-    antithetic: bool = True
-    target: Optional[str] = None
-    args: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.target or self.strategy
-
-    def strategy_class(self):
-        if self.target is not None:
-            from metarl.plugins import locate
-
-            return locate(self.target, "es._target_")
-        if self.strategy in UNSUPPORTED:
-            raise ValueError(f"es.strategy: {self.strategy} does not work with this driver "
-                             f"({UNSUPPORTED[self.strategy]}); allowed: {', '.join(STRATEGIES)}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"es.strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)} "
-                             f"(not: {', '.join(UNSUPPORTED)}, see the README)")
-        return STRATEGIES[self.strategy]
-
-    def validate(self) -> "ESConfig":
-        cls = self.strategy_class()
-        if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
-            raise ValueError(f"es.popsize: {self.popsize!r}; allowed: an integer >= 2")
-        if not 0 < self.std_init < float("inf"):
-            raise ValueError(f"es.std_init: {self.std_init!r}; allowed: a finite number > 0")
-        if not 0 < self.lr < float("inf"):
-            raise ValueError(f"es.lr: {self.lr!r}; allowed: a finite number > 0")
-        if not 0 <= self.adam_b1 < 1:
-            raise ValueError(f"es.adam_b1: {self.adam_b1!r}; allowed: >= 0 and < 1")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"es.optimizer: {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
-        if self.fitness_shaping is not None and self.fitness_shaping not in FITNESS_SHAPING:
-            raise ValueError(f"es.fitness_shaping: {self.fitness_shaping!r}; allowed: "
-                             f"{', '.join(FITNESS_SHAPING)} or null (the strategy's default)")
-        if self.args and self.target is None:
-            raise ValueError(f"es.args: {self.args!r}; allowed: empty unless es._target_ names a strategy class")
-        # The strategy's own checks (evosax asserts an even population for antithetic sampling),
-        # run on a one-number template so they fail here, before anything is compiled.
-        make_strategy(self, {"x": jnp.zeros((1,), jnp.float32)}, cls)
-        return self
 
 
 def _driver_kwargs(config: ESConfig, cls) -> dict[str, Any]:

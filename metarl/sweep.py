@@ -1,0 +1,298 @@
+"""``python -m metarl.evolve -m experiment=NAME KEY=A,B ...``: a sweep, run by Hydra's sweeper and launcher.
+
+    python -m metarl.evolve -m experiment=value_loss seed=0,1,2 env=CartPole-v1,Acrobot-v1
+    python -m metarl.evolve -m experiment=value_loss seed=0,1 hydra/launcher=joblib hydra.launcher.n_jobs=2
+
+Each job is one run, exactly as ``python -m metarl.evolve`` with that job's overrides would make it
+(the same checks, run directory lock, local multi-process launch and auto-resume), in a run directory
+of its own: ``SWEEP_DIR/<job number>`` (Hydra's ``hydra.sweep.dir`` / ``hydra.sweep.subdir``).
+``SWEEP_DIR`` is ``run_dir=PATH`` when given, else a new ``checkpoints/NAME-<time>-sweep``; running the
+same sweep again with the same ``run_dir`` continues each of its jobs.
+
+With Hydra's basic sweeper (the default), whose jobs are known in advance, every job's config is
+composed and checked before the first job starts, and bad input exits with one line and code 2
+having written nothing. When the sweep ends (or is stopped), ``SWEEP_DIR/summary.csv`` and
+``summary.json`` hold one row per job: its number, overrides, exit code, generations, best fitness,
+the last generation's mean fitness and its run directory. Each job records itself in
+``SWEEP_DIR/jobs/<number>.json`` when it starts and ends, so the summary is the same whichever launcher
+ran the jobs, wherever (another process, another machine on a shared file system).
+
+The task function Hydra calls returns the job's best fitness, so a sweeper that optimises (a Hydra
+sweeper plug-in such as Optuna's, set to maximise) can search over a run's settings.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Optional
+
+from metarl import config as config_lib
+from metarl.evolve import CommandLine, fail, missing_experiment, refuse_chdir, unique_dir
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+JOBS_DIR = "jobs"
+SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
+COLUMNS = ("job", "overrides", "exit_code", "generations", "best", "last_mean", "run_dir")
+# Exit codes of a run stopped by SIGINT or SIGTERM (checkpoint saved): the sweep stops too.
+STOPPED = (128 + 2, 128 + 15)
+
+# Each job's (config, task) as checked before the sweep started, by the job's overrides: a job that
+# runs in this process (the basic launcher) uses its task rather than building it again.
+_CHECKED: dict = {}
+
+
+class SweepStopped(BaseException):
+    """A job was stopped by SIGINT or SIGTERM: no further job starts. A BaseException, so that Hydra's
+    launcher, which records a job's ordinary exceptions and goes on, lets it through."""
+
+    def __init__(self, code: int):
+        self.code = code
+        super().__init__(code)
+
+
+def user_form(override: str) -> str:
+    """An override as the user would write it: without the ``++`` that metarl adds for Hydra."""
+    return override[2:] if override.startswith("++") else override
+
+
+def job_run_dir(hydra_cfg) -> Path:
+    """A job's run directory: Hydra's output directory for it (``hydra.sweep.dir/hydra.sweep.subdir``)."""
+    return Path(str(hydra_cfg.sweep.dir)) / str(hydra_cfg.sweep.subdir)
+
+
+def job_args(experiment: str, experiments_dir: Optional[str], overrides: list[str], run_dir: Path) -> list[str]:
+    """The command line of one job on its own: what its processes are started with in a local launch."""
+    return [f"experiment={experiment}", *([f"experiments_dir={experiments_dir}"] if experiments_dir else []),
+            *overrides, f"run_dir={run_dir}"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepJob:
+    """The task function Hydra's launcher calls for each job (pickled by launchers that run jobs in other
+    processes: it holds plain strings only)."""
+
+    experiment: str
+    experiments_dir: Optional[str]
+
+    def __call__(self, composed) -> float:
+        from hydra.core.hydra_config import HydraConfig
+
+        hydra_cfg = HydraConfig.get()
+        num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
+        given = [str(o) for o in hydra_cfg.overrides.task]
+        overrides = [user_form(o) for o in given]
+        record = Path(str(hydra_cfg.sweep.dir)) / JOBS_DIR / f"{num}.json"
+        row = {"job": num, "overrides": " ".join(overrides), "exit_code": None, "run_dir": str(run_dir)}
+        _write_json(record, row)  # a job killed outright stays in the summary, without an exit code
+        print(f"\nsweep job {num}: {row['overrides'] or '(no overrides)'}", flush=True)
+        row["exit_code"] = self.run(composed, run_dir, given, overrides)
+        _write_json(record, row)
+        if row["exit_code"] in STOPPED:
+            raise SweepStopped(row["exit_code"])
+        best = _results(run_dir)["best"]
+        return math.nan if best is None else best
+
+    def run(self, composed, run_dir: Path, given: list[str], overrides: list[str]) -> int:
+        from metarl import evolve
+
+        try:
+            cfg = config_lib.from_composed(composed, self.experiments_dir)
+            cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+            cached = _CHECKED.get(tuple(given))
+            task = cached[1] if cached is not None and cached[0] == cfg else None
+            config_lib.check_run_dir(str(run_dir))
+            resuming = evolve.check_existing(cfg, run_dir)
+            return evolve.execute(cfg, run_dir, resuming, named=True, task=task,
+                                  child_args=job_args(self.experiment, self.experiments_dir, overrides, run_dir))
+        except config_lib.ConfigError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return evolve.EXIT_BAD_INPUT
+        except SystemExit as stop:  # bad input (one line already printed), as a run on its own would exit
+            return stop.code if isinstance(stop.code, int) else 1
+        except Exception:  # a failure of this job only: the sweep goes on to the next
+            traceback.print_exc()
+            return 1
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _results(run_dir: Path) -> dict:
+    from metarl.logger import read_metrics
+
+    history = read_metrics(run_dir)
+    last = history[-1] if history else {}
+    return {"generations": len(history), "best": last.get("best_so_far"), "last_mean": last.get("mean")}
+
+
+def write_summary(sweep_dir: Path) -> list[dict]:
+    """``SWEEP_DIR/summary.csv`` and ``summary.json`` from the jobs' records and their runs' metrics."""
+    records = sorted((sweep_dir / JOBS_DIR).glob("*.json"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
+    rows = []
+    for path in records:
+        job = json.loads(path.read_text())
+        rows.append({**job, **_results(Path(job["run_dir"]))})
+    rows = [{k: row.get(k) for k in COLUMNS} for row in rows]
+    _write_json(sweep_dir / SUMMARY_JSON, rows)
+    tmp = sweep_dir / (SUMMARY_CSV + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, sweep_dir / SUMMARY_CSV)
+    return rows
+
+
+def _jobs(master) -> tuple[list[list[str]], bool]:
+    """``(jobs, known)``: every job's overrides as the basic sweeper will make them (``known``); for
+    another sweeper, whose jobs are known only as it runs, the one set of settings all its jobs share
+    (the overrides that sweep nothing)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    task = OmegaConf.to_container(master.hydra.overrides.task, resolve=False)
+    if master.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        parsed = OverridesParser.create().parse_overrides(task)
+        return [[o.input_line for o in parsed if not o.is_sweep_override()]], False
+    params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
+    parsed = OverridesParser.create().parse_overrides([*params, *task])
+    return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]], True
+
+
+def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir: Optional[str]) -> None:
+    """Compose and check every job as it will run, before any starts: its config, its run directory
+    (new, or an earlier run of the same config), its task, devices and memory. Exits with one line on
+    the first bad one, naming the job. Not ``known``: the settings the jobs share, without a run
+    directory (each job checks the rest when it starts)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from omegaconf import open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from metarl import devices, evolve
+
+    devices.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
+    in_process = master.hydra.launcher.get("_target_") == BASIC_LAUNCHER
+    shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
+    seen = {}
+    for num, job in enumerate(jobs):
+        swept = " ".join(user_form(o) for o in job if o not in shared)
+        where = (f" (sweep job {num}" + (f": {swept})" if swept else ")")) if known else " (the sweep's settings)"
+        try:
+            job_cfg = app.config_loader.load_sweep_config(master, list(job))
+            with open_dict(job_cfg):
+                job_cfg.hydra.job.num = num
+                job_cfg.hydra.job.id = num
+            HydraConfig.instance().set_config(job_cfg)
+            run_dir = job_run_dir(job_cfg.hydra)
+            if run_dir in seen:
+                fail(f"hydra.sweep.subdir: jobs {seen[run_dir]} and {num} would share the run directory {run_dir}; "
+                     "allowed: a subdir that differs per job, such as ${hydra.job.num}")
+            seen[run_dir] = num
+            cfg = dataclasses.replace(config_lib.from_composed(job_cfg, experiments_dir), run_dir=str(run_dir))
+            if known:
+                config_lib.check_run_dir(str(run_dir))
+                evolve.check_existing(cfg, run_dir)
+            if in_process:
+                number, coordinator, process_id = devices.distributed_settings(cfg.devices, cfg.es.popsize)
+                if number > 1 and (coordinator is not None or process_id is not None):
+                    fail("devices.num_processes: this process would join a multi-process run for each job, and a "
+                         "process joins one only; allowed: devices.num_processes=auto|N on one machine (each "
+                         "job starts its own processes), or a launcher that runs each job in processes of its "
+                         "own (hydra/launcher=submitit_slurm)")
+            checked = evolve.check_run(cfg, setup_devices=False)
+            if known:
+                _CHECKED[tuple(job)] = (cfg, checked.task)
+        except (config_lib.ConfigError, ValueError) as err:
+            fail(str(err).splitlines()[0] + where)
+        except (HydraException, OmegaConfBaseException) as err:
+            fail(f"overrides: {str(err).strip().splitlines()[0]}{where}")
+
+
+def run(cli: CommandLine) -> int:
+    """The sweep of ``cli`` (given with ``-m``): checks, then Hydra's sweeper, then the summary."""
+    special, overrides = cli.special, list(cli.overrides)
+    if "resume" in special:
+        fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
+             "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
+    if "experiment" not in special:
+        missing_experiment(special)
+    experiment, experiments_dir = special["experiment"], special.get("experiments_dir")
+    for key in ("experiment", "experiments_dir"):
+        if "," in special.get(key, ""):
+            fail(f"{key}: {special[key]!r} lists several; allowed: one per sweep (a sweep composes one "
+                 "experiment; run one sweep for each)")
+    # run_dir=PATH names the sweep's directory (Hydra's hydra.sweep.dir; run_dir wins).
+    named = [o for o in overrides if config_lib.override_key(o) in ("run_dir", "hydra.sweep.dir")]
+    run_dirs = [o.split("=", 1)[1] for o in named if config_lib.override_key(o) == "run_dir"]
+    if run_dirs:
+        if "," in run_dirs[-1]:
+            fail(f"run_dir: {run_dirs[-1]!r} cannot be swept; allowed: one directory for the sweep (each job "
+                 "runs in a directory of its own inside it)")
+        overrides = [o for o in overrides if o not in named] + [f"hydra.sweep.dir={run_dirs[-1]}"]
+
+    try:
+        experiments_dir = config_lib.check_experiments_dir(experiments_dir)
+        app = config_lib.hydra_app(experiments_dir)
+        master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True, app=app)
+        refuse_chdir(master)
+        sweep_dir = Path(str(master.hydra.sweep.dir))
+        if not named:  # the default name, made unique (two sweeps started in the same second)
+            sweep_dir = unique_dir(sweep_dir)
+        # Given explicitly, so that every later composition (Hydra's own, a job's) names the same one.
+        overrides = [o for o in overrides if config_lib.override_key(o) != "hydra.sweep.dir"]
+        overrides.append(f"hydra.sweep.dir={sweep_dir}")
+        master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True, app=app)
+        config_lib.check_run_dir(str(sweep_dir), "run_dir")
+    except config_lib.ConfigError as err:
+        fail(str(err))
+    if (sweep_dir / config_lib.CONFIG_FILE).exists():
+        fail(f"run_dir: {sweep_dir} holds a run, not a sweep; allowed: a new directory, or an earlier sweep's")
+    jobs, known = _jobs(master)
+    check_jobs(app, master, jobs, known, experiments_dir)
+
+    # Everything is checked: the sweep's directory is made, then Hydra's sweeper runs the jobs.
+    if not named:
+        try:
+            sweep_dir.mkdir(parents=True)
+        except FileExistsError:
+            fail(f"run_dir: {sweep_dir} was made by another sweep started at the same moment; allowed: the same "
+                 "command again, or run_dir=PATH", code=1)
+    count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
+    print(f"sweep: {count} in {sweep_dir}", flush=True)
+    stopped = None
+    try:
+        app.multirun(config_name=experiment, task_function=SweepJob(experiment, experiments_dir),
+                     overrides=config_lib.hydra_overrides(overrides), with_log_configuration=False)
+    except SweepStopped as stop:
+        stopped = stop.code
+    except KeyboardInterrupt:
+        stopped = STOPPED[0]
+    except Exception as err:  # the launcher or sweeper itself failed (a job's own failure is its exit code)
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(f"error: hydra/launcher: {type(err).__name__}: {message}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        rows = write_summary(sweep_dir) if sweep_dir.is_dir() else []
+    codes = [r["exit_code"] for r in rows]
+    failed = [r for r in rows if r["exit_code"] != 0]
+    print(f"\nsweep {'stopped' if stopped else 'done'}: {len(rows)} job(s), {len(failed)} failed or unfinished; "
+          f"summary in {sweep_dir / SUMMARY_CSV}", flush=True)
+    if stopped:
+        again = [a for a in cli.argv if config_lib.override_key(a) not in ("run_dir", "hydra.sweep.dir")]
+        print(f"continue with: python -m metarl.evolve {' '.join(again)} run_dir={sweep_dir}", file=sys.stderr,
+              flush=True)
+        return stopped
+    return max([c if isinstance(c, int) else 1 for c in codes] or [0], key=lambda c: (c != 0, c))
