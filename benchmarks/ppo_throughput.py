@@ -15,7 +15,11 @@ object to stdout (progress goes to stderr):
 Usage (run under ``timeout``: jax 0.10 can deadlock on 2 CPU cores, see README, "Which jax")::
 
     timeout 1800 python benchmarks/ppo_throughput.py [--agents 1 8 32] [--repeats 3]
-        [--total-timesteps 500000] [--impl metarl reference]
+        [--total-timesteps 500000] [--impl metarl reference] [--compile default|metarl]
+
+``--compile metarl`` compiles both implementations with the options metarl's own runs use on a CPU
+(``metarl.devices.compiler_options()``), to see what they do to compile and run time; the
+comparison of the two implementations stays like for like either way.
 """
 from __future__ import annotations
 
@@ -38,8 +42,9 @@ except ImportError:  # imported as benchmarks.ppo_throughput
 IMPLS = ("metarl", "reference")
 
 
-def build(impl: str, total_timesteps: int, n_agents: int):
-    """(jitted fn(key) training ``n_agents`` vmapped agents, frames stepped per agent)."""
+def build(impl: str, total_timesteps: int, n_agents: int, compiler_options: dict | None = None):
+    """(jitted fn(key) training ``n_agents`` vmapped agents, frames stepped per agent), compiled with
+    ``compiler_options`` (None: JAX's defaults)."""
     if impl == "metarl":
         config = PPOConfig(env="CartPole-v1", total_timesteps=total_timesteps)
         train = make_metarl_train(config)
@@ -51,7 +56,16 @@ def build(impl: str, total_timesteps: int, n_agents: int):
     else:
         raise ValueError(f"impl: {impl!r}; allowed: {', '.join(IMPLS)}")
     many = jax.jit(jax.vmap(one))
-    return (lambda key: many(jax.random.split(key, n_agents))), frames
+    if not compiler_options:
+        return (lambda key: many(jax.random.split(key, n_agents))), frames
+    compiled = []
+
+    def run(key):
+        keys = jax.random.split(key, n_agents)
+        if not compiled:  # the first call lowers and compiles, as a plain jit's first call does
+            compiled.append(many.lower(keys).compile(compiler_options))
+        return compiled[0](keys)
+    return run, frames
 
 
 def timed(fn, key) -> float:
@@ -70,7 +84,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--total-timesteps", type=float, default=5e5)
     parser.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS))
+    parser.add_argument("--compile", choices=("default", "metarl"), default="default",
+                        help="compile both implementations with JAX's default options, or with the "
+                             "options metarl compiles its own programs with (metarl.devices.compiler_options)")
     args = parser.parse_args()
+    options = None
+    if args.compile == "metarl":
+        from metarl import devices
+        options = devices.compiler_options()
     total = int(args.total_timesteps)
     impls = list(dict.fromkeys(args.impl))
 
@@ -80,7 +101,7 @@ def main() -> None:
         key = jax.random.key(n)
         fns, first, runs = {}, {}, {impl: [] for impl in impls}
         for impl in impls:
-            fns[impl] = build(impl, total, n)
+            fns[impl] = build(impl, total, n, options)
             first[impl] = timed(fns[impl][0], key)  # trace + compile + one run
             log(f"[{n} agents] {impl}: first call {first[impl]:.2f}s")
         for r in range(args.repeats):
@@ -111,6 +132,8 @@ def main() -> None:
         "config": {"env": "CartPole-v1", "num_envs": 4, "num_steps": 128, "update_epochs": 4,
                    "num_minibatches": 4, "hidden": [64, 64], "total_timesteps": total},
         "repeats": args.repeats,
+        "compile": args.compile,
+        "compiler_options": options or {},
         "results": results,
         "ratio_metarl_over_reference": ratios,
         "jax": jax.__version__,

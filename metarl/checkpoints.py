@@ -15,7 +15,6 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from flax import serialization
 
 CKPT_DIR = "ckpt"
@@ -27,7 +26,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read; the message names the directory."""
 
 
-def _manager(run_dir: Path, keep: int = 3, write: bool = True) -> ocp.CheckpointManager:
+def _ocp():
+    # Imported when a checkpoint is first read or written, not with this module: it takes seconds,
+    # and the CLI checks its input (naming CheckpointError) before touching any checkpoint.
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+def _manager(run_dir: Path, keep: int = 3, write: bool = True):
+    ocp = _ocp()
     # Each process runs its own manager over host copies of the (replicated) state: only process 0
     # saves, and Orbax's cross-process barriers would wait forever for processes that never save.
     me = jax.process_index()
@@ -87,6 +95,7 @@ class Checkpointer:
         meta = {"generation": generation, "history": history, "config": config}
         if generation in self.manager.all_steps():  # a resumed run reaching the same step again
             return
+        ocp = _ocp()
         self.manager.save(generation, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
@@ -97,6 +106,7 @@ class Checkpointer:
             raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint to restore")
         abstract = jax.tree.map(lambda x: np.zeros(np.shape(_to_host(x, False)), _to_host(x, False).dtype),
                                 template_state)
+        ocp = _ocp()
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
@@ -111,6 +121,7 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint")
+        ocp = _ocp()
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         except Exception as err:

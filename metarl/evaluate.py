@@ -151,6 +151,7 @@ def _train_sides(task, meta, keys):
     ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds)."""
     import jax
 
+    from metarl import devices
     from metarl.inner_loops.envs import random_policy_return
 
     learned, baseline = side_labels(task)
@@ -162,8 +163,9 @@ def _train_sides(task, meta, keys):
     # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
     t = time.perf_counter()
     lowered = {key: jax.jit(jax.vmap(fn)).lower(keys) for key, fn in programs.items()}
+    options = devices.compiler_options()
     with ThreadPoolExecutor(min(4, len(lowered))) as pool:
-        compiled = dict(zip(lowered, pool.map(lambda low: low.compile(), lowered.values())))
+        compiled = dict(zip(lowered, pool.map(lambda low: low.compile(options), lowered.values())))
     compile_s = time.perf_counter() - t
     curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
     for (name, side), run in compiled.items():

@@ -35,6 +35,7 @@ def normalization(cfg, num_tasks: int) -> str:
 
 def measure_reference(task, seed: int, num_seeds: int) -> dict:
     """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds."""
+    from metarl import devices
     from metarl.inner_loops.envs import random_policy_return
 
     root = jax.random.key(seed)
@@ -42,10 +43,11 @@ def measure_reference(task, seed: int, num_seeds: int) -> dict:
     low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
     base, low = [], []
     for spec, train in zip(task.specs, task.baselines):
-        curve = jax.jit(jax.vmap(lambda k, train=train: train(k)[1]["episode_return"]))(base_keys)
+        baseline = jax.jit(jax.vmap(lambda k, train=train: train(k)[1]["episode_return"]))
+        curve = devices.compile_program(baseline, base_keys)(base_keys)
         base.append(float(jnp.mean(task.statistic(curve))))
-        rand = jax.jit(jax.vmap(lambda k, env=spec.env: random_policy_return(env, k)))(low_keys)
-        low.append(float(jnp.mean(rand)))
+        random_play = jax.jit(jax.vmap(lambda k, env=spec.env: random_policy_return(env, k)))
+        low.append(float(jnp.mean(devices.compile_program(random_play, low_keys)(low_keys))))
     return {"tasks": task.names, "base": base, "low": low, "num_seeds": num_seeds, "seed": seed}
 
 

@@ -1,9 +1,9 @@
 import os
 import tempfile
 
-# This flag stopped XLA's CPU scheduler deadlocking small vmapped programs on jax 0.10 (README,
-# "Which jax"); harmless on the jax we pin, kept as a second guard beside pytest-timeout.
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
+from clihelp import TEST_XLA_FLAGS
+
+os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 # One process per CLI run or evaluation unless a test asks for more: `auto` (the default) would start

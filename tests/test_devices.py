@@ -1,7 +1,8 @@
 """The population split over devices and over processes gives the run a single device gives.
 
 Every run is a real CLI subprocess at tiny sizes under a timeout: a multi-device or multi-process
-hang fails the test instead of the session.
+hang fails the test instead of the session. The runs here leave the optimisation level out of
+``XLA_FLAGS``, so metarl compiles with its own compiler options, as a user's run does.
 """
 import os
 import shutil
@@ -9,10 +10,11 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clihelp import TINY, env_vars, final_state, records
+from clihelp import TINY, env_vars, final_state, records, without_opt_level_flag
 
 GENS = 3
 ARGS = ["experiment=value_loss", *TINY, f"es.generations={GENS}", "logger.progress=false"]
@@ -21,6 +23,7 @@ FORCE2 = "--xla_force_host_platform_device_count=2"
 
 def evolve(args, cwd, extra_env=None, timeout=240):
     env = env_vars()
+    env["XLA_FLAGS"] = without_opt_level_flag()
     env.update(extra_env or {})
     env["METARL_INIT_TIMEOUT"] = "120"  # a process that never joins fails the run instead of hanging it
     return subprocess.run([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd, env=env,
@@ -61,7 +64,7 @@ def one_device(tmp_path_factory):
 @pytest.mark.timeout(300)
 def test_two_forced_cpu_devices_match_one_device(tmp_path, one_device):
     proc = ok(evolve([*ARGS, f"run_dir={tmp_path / 'run'}"], cwd=tmp_path,
-                     extra_env={"XLA_FLAGS": os.environ.get("XLA_FLAGS", "") + " " + FORCE2}))
+                     extra_env={"XLA_FLAGS": without_opt_level_flag() + " " + FORCE2}))
     assert "on 2 device(s)" in proc.stdout + proc.stderr
     assert_same_run(one_device, tmp_path / "run")
 
@@ -109,6 +112,7 @@ def test_population_that_does_not_divide_is_refused_at_start(tmp_path):
 def auto_env():
     """The environment of a user who set nothing: `auto` decides the process count."""
     env = env_vars()
+    env["XLA_FLAGS"] = without_opt_level_flag()
     env.pop("METARL_NUM_PROCESSES", None)
     env["METARL_INIT_TIMEOUT"] = "120"
     return env
@@ -168,3 +172,30 @@ def test_two_auto_runs_at_once_both_finish(tmp_path):
         assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
         assert "on 2 device(s)" in out + err
     assert records(tmp_path / "a") == records(tmp_path / "b")
+
+
+def test_shared_executables_beyond_the_newest_are_evicted(tmp_path):
+    from metarl import devices
+
+    for i in range(devices.SHARED_CACHE_KEEP + 3):
+        entry = tmp_path / f"metarl-multiprocess-{i:02d}"
+        entry.write_bytes(b"x")
+        os.utime(entry, (1_000_000 + i, 1_000_000 + i))
+    (tmp_path / "metarl-multiprocess-99.123.tmp").write_bytes(b"being written")
+    (tmp_path / "jax-cache-entry").write_bytes(b"JAX's own")
+    devices._evict_old_shared(tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([f"metarl-multiprocess-{i:02d}" for i in range(3, devices.SHARED_CACHE_KEEP + 3)]
+                          + ["metarl-multiprocess-99.123.tmp", "jax-cache-entry"])
+
+
+def test_metarl_compiles_at_its_own_level_unless_xla_flags_sets_one(monkeypatch):
+    from metarl import devices
+
+    monkeypatch.setenv("XLA_FLAGS", without_opt_level_flag())
+    assert devices.compiler_options() == devices.CPU_COMPILER_OPTIONS == {"xla_backend_optimization_level": 1}
+    program = jax.jit(lambda x: jnp.tanh(x) @ x.T)
+    x = jnp.arange(12.0).reshape(3, 4) / 10
+    np.testing.assert_allclose(devices.compile_program(program, x)(x), program(x), rtol=1e-6)
+    monkeypatch.setenv("XLA_FLAGS", without_opt_level_flag() + " --xla_backend_optimization_level=2")
+    assert devices.compiler_options() == {}

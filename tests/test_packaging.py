@@ -94,18 +94,20 @@ def _check_project(project: Path, pythonpath=None, expect_prefix=None):
     assert "popsize: 4" in saved and "checkpoint:" in saved  # the override, and a key only `base` sets
 
 
+# Each install with one kind of user folder (the four pairs took a minute more of the suite's time;
+# each kind of folder and each install still runs): folders that are packages whose import fails
+# loudly, and plain folders that Python would import as namespace packages.
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("package_init", [True, False], ids=["with-init", "plain-folders"])
-def test_editable_install_from_a_research_project(tmp_path, package_init):
-    _check_project(_research_project(tmp_path / "project", package_init))
+def test_editable_install_from_a_research_project_with_package_folders(tmp_path):
+    _check_project(_research_project(tmp_path / "project", package_init=True))
 
 
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("package_init", [True, False], ids=["with-init", "plain-folders"])
-def test_non_editable_install_from_a_research_project(tmp_path, site, package_init):
+def test_non_editable_install_from_a_research_project_with_plain_folders(tmp_path, site):
     assert (site / "metarl" / "experiments" / "value_loss.yaml").exists()
     assert not (site / "experiments").exists() and not (site / "inner_loops").exists()
-    _check_project(_research_project(tmp_path / "project", package_init), pythonpath=site, expect_prefix=site)
+    _check_project(_research_project(tmp_path / "project", package_init=False), pythonpath=site,
+                   expect_prefix=site)
 
 
 def test_a_missing_experiments_dir_is_one_line(tmp_path):
