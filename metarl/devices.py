@@ -203,8 +203,9 @@ def _set_affinity_of_all_threads(cpus: set[int]) -> None:
 # (jax 0.9.2, one process, each program compiled both ways and run alternately): compile time about
 # halves for every trainer here (PPO CartPole 32 agents 12.2 -> 6.1 s, PPO MinAtar 14.9 -> 8.3 s,
 # DQN 9.9 -> 4.6 s, Q-learning 2.9 -> 1.5 s) and the programs run as fast or faster (0.82-0.98 of
-# the time). Results differ from the default level's in the last bits, as any change of compiler
-# options may; a run and its resumption always use the same options.
+# the time). Results are not the default level's: rounding differs in the last bits and training
+# compounds it, as with any change of compiler options; a run, its resumption and its processes all
+# use the same options.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
@@ -222,7 +223,7 @@ def compile_program(jitted, *args):
 
 
 def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
-    """``jitted.lower(*args).compile()``, compiled once for all the processes of a run.
+    """``compile_program(jitted, *args)``, compiled once for all the processes of a run.
 
     In a multi-process CPU run process 0 compiles and hands the executable to the others through the
     coordination service. JAX's persistent cache cannot do this on CPU: its key includes the process
