@@ -174,6 +174,34 @@ def compute_gae(rewards, values, dones, last_value, gamma, gae_lambda, unroll: i
     return advantages, advantages + values
 
 
+def random_permutations(key: jax.Array, num: int, size: int) -> jax.Array:
+    """``num`` independent, uniformly random permutations of ``range(size)``: int32, shape (num, size).
+
+    Each round sorts 32-bit integers whose high bits are random and whose low bits are the element's
+    current position, so the sort has one operand and the permutation is read off the low bits. On
+    CPU that is several times faster than ``argsort`` of random floats, which sorts two operands
+    (8 agents x 4 epochs x 512 on a 2-core CPU: argsort was about 3 ms of a 31 ms PPO update, and
+    training runs 1.18x faster with this). Equal random bits keep the
+    current order, so rounds are repeated with fresh bits until the random bits of all rounds
+    together number at least three times the position bits, ``jax.random.permutation``'s rule
+    (two rounds for 512). Above 2**20 elements it is ``jax.random.permutation`` per row.
+    """
+    if size == 1:
+        return jnp.zeros((num, 1), jnp.int32)
+    index_bits = int(size - 1).bit_length()
+    random_bits = 32 - index_bits
+    if random_bits < 12:  # over 2**20 elements: too few random bits left; sort key-value pairs
+        return jax.vmap(lambda k: jax.random.permutation(k, size))(jax.random.split(key, num))
+    low = jnp.uint32((1 << index_bits) - 1)
+    position = jnp.arange(size, dtype=jnp.uint32)
+    perm = None
+    for round_key in jax.random.split(key, -(-3 * index_bits // random_bits)):
+        bits = jax.random.bits(round_key, (num, size), jnp.uint32)
+        order = (jax.lax.sort((bits & ~low) | position, dimension=1) & low).astype(jnp.int32)
+        perm = order if perm is None else jnp.take_along_axis(perm, order, axis=1)
+    return perm
+
+
 def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,
              value_loss: Component, policy_objective: Component, continuous: bool,
              progress: Progress | None = None):
@@ -339,7 +367,7 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             data = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), data)
             # One draw and one gather per field for every epoch's shuffle, and one loop over all
             # epochs' minibatches: nested per-epoch loops with a gather each were slower on CPU.
-            perms = jnp.argsort(jax.random.uniform(k_perm, (n_epochs, batch_size)), axis=-1)
+            perms = random_permutations(k_perm, n_epochs, batch_size)
             minibatches = jax.tree.map(
                 lambda x: x[perms].reshape((n_epochs * n_mb, mb_size) + x.shape[1:]), data)
 

@@ -12,9 +12,36 @@ from metarl.inner_loops.components import (
     MLPValueLoss,
     training_progress,
 )
-from metarl.inner_loops.ppo import Batch, PPOConfig, compute_gae, make_agent, make_train, ppo_loss
+from metarl.inner_loops.ppo import (
+    Batch,
+    PPOConfig,
+    compute_gae,
+    make_agent,
+    make_train,
+    ppo_loss,
+    random_permutations,
+)
 
 TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=2, num_minibatches=2)
+
+
+# --- minibatch shuffles ---------------------------------------------------------------------------
+
+def test_random_permutations_are_permutations_drawn_uniformly():
+    perms = np.asarray(random_permutations(jax.random.key(0), 24_000, 4))
+    assert perms.dtype == np.int32 and perms.shape == (24_000, 4)
+    np.testing.assert_array_equal(np.sort(perms, axis=1), np.broadcast_to(np.arange(4), perms.shape))
+    _, counts = np.unique(perms, axis=0, return_counts=True)
+    assert len(counts) == 24  # every ordering of 4 occurs, each about 1000 times (sd about 31)
+    assert counts.min() > 850 and counts.max() < 1150, counts
+    big = np.asarray(random_permutations(jax.random.key(1), 2_000, 512))
+    np.testing.assert_array_equal(np.sort(big, axis=1), np.broadcast_to(np.arange(512), big.shape))
+    # each element lands in each position with probability 1/512: position 0's mean is 255.5 (sd 3.3)
+    assert abs(big[:, 0].mean() - 255.5) < 20
+    assert len({tuple(row) for row in big}) == 2_000  # rows are independent draws
+    np.testing.assert_array_equal(random_permutations(jax.random.key(2), 3, 1), np.zeros((3, 1)))
+    huge = np.asarray(random_permutations(jax.random.key(3), 1, (1 << 20) + 1))  # the fallback
+    np.testing.assert_array_equal(np.sort(huge[0]), np.arange((1 << 20) + 1))
 
 
 # --- GAE ------------------------------------------------------------------------------------------
