@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -11,6 +11,37 @@ from flax.linen.initializers import constant, orthogonal
 
 _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "elu": nn.elu}
 ACTIVATIONS = tuple(_ACTIVATIONS)
+
+
+# Layers with at most this many outputs are computed one output column at a time.
+NARROW_OUTPUTS = 6
+
+
+class Dense(nn.Module):
+    """``nn.Dense`` (same parameters, names and initialisation) that computes a narrow layer, such as a
+    policy head with a few actions, as one matrix-vector product per output column.
+
+    XLA's CPU matrix products are slow when one side is a few columns wide: for a (128, 64) x (64, 2)
+    head vmapped over 8 agents, the forward product, the weight gradient and the input gradient (a
+    contraction over 2) took about 290 microseconds, and the column form, whose gradients autodiff
+    writes as matrix-vector products and a broadcast multiply, about 55 (32 agents: 1080 -> 190).
+    That head made PPO's update about a quarter slower on CPU. One column (a critic) is the same
+    product either way; with 8 or more columns the plain product was as fast or faster.
+    """
+
+    features: int
+    kernel_init: Callable = nn.initializers.lecun_normal()
+    bias_init: Callable = nn.initializers.zeros_init()
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", self.kernel_init, (jnp.shape(x)[-1], self.features))
+        bias = self.param("bias", self.bias_init, (self.features,))
+        if self.features <= NARROW_OUTPUTS:
+            y = jnp.stack([x @ kernel[:, j] for j in range(self.features)], axis=-1)
+        else:
+            y = x @ kernel
+        return y + bias
 
 
 class MLP(nn.Module):
@@ -25,8 +56,8 @@ class MLP(nn.Module):
     def __call__(self, x):
         act = _ACTIVATIONS[self.activation]
         for width in self.hidden:
-            x = act(nn.Dense(width, kernel_init=orthogonal(math.sqrt(2)), bias_init=constant(0.0))(x))
-        return nn.Dense(self.out_dim, kernel_init=orthogonal(self.out_scale), bias_init=constant(0.0))(x)
+            x = act(Dense(width, kernel_init=orthogonal(math.sqrt(2)), bias_init=constant(0.0))(x))
+        return Dense(self.out_dim, kernel_init=orthogonal(self.out_scale), bias_init=constant(0.0))(x)
 
 
 class ActorCritic(nn.Module):

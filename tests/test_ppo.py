@@ -25,6 +25,30 @@ from metarl.inner_loops.ppo import (
 TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=2, num_minibatches=2)
 
 
+# --- networks ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("features", [1, 2, 6, 7, 64])
+def test_dense_is_flax_dense_with_narrow_layers_by_column(features):
+    import flax.linen as nn
+    from flax.linen.initializers import orthogonal
+
+    from metarl.inner_loops.networks import Dense
+
+    x = jax.random.normal(jax.random.key(1), (3, 5, 8))
+    ours = Dense(features, kernel_init=orthogonal(0.5))
+    flax_dense = nn.Dense(features, kernel_init=orthogonal(0.5))
+    params = ours.init(jax.random.key(0), x)
+    jax.tree.map(np.testing.assert_array_equal, params, flax_dense.init(jax.random.key(0), x))
+    params = jax.tree.map(lambda p: p + 0.1, params)  # a non-zero bias too
+    np.testing.assert_allclose(ours.apply(params, x), flax_dense.apply(params, x), rtol=1e-5, atol=1e-6)
+
+    def loss(module, p, x):
+        return jnp.sum(jnp.sin(module.apply(p, x)))
+    g_ours = jax.grad(loss, argnums=(1, 2))(ours, params, x)
+    g_flax = jax.grad(loss, argnums=(1, 2))(flax_dense, params, x)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g_ours, g_flax)
+
+
 # --- minibatch shuffles ---------------------------------------------------------------------------
 
 def test_random_permutations_are_permutations_drawn_uniformly():
