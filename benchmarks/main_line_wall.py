@@ -8,7 +8,7 @@ per mode, filled by an untimed run first). Extra ``key=value`` arguments go to e
 JSON object: per mode every run's wall seconds, compile seconds and median generation seconds, the
 medians, ``ratio_auto_over_one`` of the median walls, and ``same_fitness_history``.
 
-    python benchmarks/main_line_wall.py                        # about 8 minutes per pair on 2 cores
+    python benchmarks/main_line_wall.py                        # about 10 minutes per pair on 2 cores
     python benchmarks/main_line_wall.py --pairs 2 es.generations=5
 """
 from __future__ import annotations
