@@ -25,8 +25,8 @@ class Dense(nn.Module):
     head vmapped over 8 agents, the forward product, the weight gradient and the input gradient (a
     contraction over 2) took about 290 microseconds, and the column form, whose gradients autodiff
     writes as matrix-vector products and a broadcast multiply, about 55 (32 agents: 1080 -> 190).
-    That head made PPO's update about a quarter slower on CPU. One column (a critic) is the same
-    product either way; with 8 or more columns the plain product was as fast or faster.
+    That head made PPO's update about a quarter slower on CPU. With 6 columns the column form was
+    still faster (250 -> 150 at 8 agents), with 8 it was mixed and with 12 slower, hence the limit.
     """
 
     features: int
