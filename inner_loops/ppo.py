@@ -186,8 +186,6 @@ def random_permutations(key: jax.Array, num: int, size: int) -> jax.Array:
     together number at least three times the position bits, ``jax.random.permutation``'s rule
     (two rounds for 512). Above 2**20 elements it is ``jax.random.permutation`` per row.
     """
-    if size == 1:
-        return jnp.zeros((num, 1), jnp.int32)
     index_bits = int(size - 1).bit_length()
     random_bits = 32 - index_bits
     if random_bits < 12:  # over 2**20 elements: too few random bits left; sort key-value pairs
@@ -195,7 +193,7 @@ def random_permutations(key: jax.Array, num: int, size: int) -> jax.Array:
     low = jnp.uint32((1 << index_bits) - 1)
     position = jnp.arange(size, dtype=jnp.uint32)
     perm = None
-    for round_key in jax.random.split(key, -(-3 * index_bits // random_bits)):
+    for round_key in jax.random.split(key, max(1, -(-3 * index_bits // random_bits))):
         bits = jax.random.bits(round_key, (num, size), jnp.uint32)
         order = (jax.lax.sort((bits & ~low) | position, dimension=1) & low).astype(jnp.int32)
         perm = order if perm is None else jnp.take_along_axis(perm, order, axis=1)
