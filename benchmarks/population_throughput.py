@@ -2,10 +2,11 @@
 
 The value_loss experiment's inner PPO (CartPole, 4 envs x 64 steps) with a short budget, through the
 real CLI, at popsize 8 and 32. Each mode is a fresh run without the compilation cache, so the compile
-seconds are real; the rate is the median over the generations after the first (a generation is one
-jitted call: ask, evaluate every member on every seed, tell). Prints one JSON object.
+seconds are real; a run's rate is the median over the generations after the first (a generation is one
+jitted call: ask, evaluate every member on every seed, tell), and a mode's is the median over its runs,
+which alternate with the other modes'. Prints one JSON object.
 
-    python benchmarks/population_throughput.py                 # about 5-8 minutes on 2 cores
+    python benchmarks/population_throughput.py                 # about 8-10 minutes on 2 cores
     python benchmarks/population_throughput.py --popsizes 8 --generations 3
 """
 from __future__ import annotations
@@ -26,12 +27,11 @@ def run_mode(mode: str, popsize: int, args, workdir: Path) -> dict:
     ncores = len(os.sched_getaffinity(0))
     env = dict(os.environ, WANDB_MODE="disabled", METARL_COMPILATION_CACHE="0", PYTHONUNBUFFERED="1")
     env.pop("METARL_NUM_PROCESSES", None)
-    env.setdefault("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=false")
     extra = ["devices.num_processes=1"]
     if mode == "auto":
         extra = ["devices.num_processes=auto"]
     elif mode == "forced_devices":
-        env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={ncores}"
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={ncores}".strip()
     run_dir = workdir / f"{mode}-{popsize}"
     cmd = [sys.executable, "-m", "metarl.evolve", "experiment=value_loss", f"es.popsize={popsize}",
            f"fitness.num_seeds={args.num_seeds}", f"inner.total_timesteps={args.timesteps}",
@@ -61,6 +61,7 @@ def main():
     parser.add_argument("--popsizes", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--modes", nargs="+", default=["one_process", "auto", "forced_devices"])
     parser.add_argument("--generations", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=2, help="runs per mode, alternating; medians reported")
     parser.add_argument("--num-seeds", type=int, default=2)
     parser.add_argument("--timesteps", type=int, default=8192, help="PPO frames per member and seed")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per run before calling it a hang")
@@ -70,16 +71,22 @@ def main():
 
     out = {"jax": jax.__version__, "cores": len(os.sched_getaffinity(0)),
            "inner": "value_loss PPO, CartPole, 4 envs x 64 steps", "timesteps_per_member_seed": args.timesteps,
-           "num_seeds": args.num_seeds, "generations": args.generations, "results": {}}
+           "num_seeds": args.num_seeds, "generations": args.generations, "repeats": args.repeats, "results": {}}
     with tempfile.TemporaryDirectory(prefix="metarl-bench-") as tmp:
         for popsize in args.popsizes:
+            runs = {mode: [] for mode in args.modes}
+            for i in range(args.repeats):  # alternating (A B C, C B A, ...), so drift hits every mode alike
+                for mode in (args.modes if i % 2 == 0 else args.modes[::-1]):
+                    r = run_mode(mode, popsize, args, Path(tmp) / str(i))
+                    print(f"popsize {popsize} {mode}: {r}", file=sys.stderr, flush=True)
+                    runs[mode].append(r)
             row = {}
-            for mode in args.modes:
-                row[mode] = run_mode(mode, popsize, args, Path(tmp))
-                print(f"popsize {popsize} {mode}: {row[mode]}", file=sys.stderr, flush=True)
+            for mode, rs in runs.items():
+                fps = [r["fps_median"] for r in rs if r.get("status") == "ok"]
+                row[mode] = {"fps_median": round(statistics.median(fps)) if fps else None, "runs": rs}
             base = row.get("one_process", {}).get("fps_median")
             for mode, r in row.items():
-                if base and r.get("fps_median") and mode != "one_process":
+                if base and r["fps_median"] and mode != "one_process":
                     r["speedup_vs_one_process"] = round(r["fps_median"] / base, 2)
             out["results"][f"popsize_{popsize}"] = row
     print(json.dumps(out))

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -138,15 +139,64 @@ def test_auto_counts_the_cores_the_affinity_allows():
     assert _auto_count(",".join(map(str, cores)), 1) == 1
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{entry}/stat").read() if entry.isdigit() else ""
+        except OSError:  # ended meanwhile
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _eigen_threads(pid: int) -> int:
+    """Threads of XLA's CPU pool (sized by the cores the process could use when JAX started)."""
+    count = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            count += open(f"/proc/{pid}/task/{tid}/comm").read().strip() == "tf_XLAEigen"
+        except OSError:
+            pass
+    return count
+
+
+def _pool_sizes_of_launched_processes(launcher: subprocess.Popen) -> dict[int, tuple[int, int]]:
+    """For each process the launcher starts: (cores ``METARL_CPUS`` gives it, threads of XLA's pool)."""
+    sizes = {}
+    while launcher.poll() is None and len(sizes) < 2:
+        for pid in _children(launcher.pid):
+            try:
+                if pid in sizes or not _eigen_threads(pid):
+                    continue
+                time.sleep(0.5)  # the pool has started all its threads
+                env = dict(kv.split("=", 1) for kv in open(f"/proc/{pid}/environ").read().split("\0") if "=" in kv)
+                sizes[pid] = (len(env["METARL_CPUS"].split(",")), _eigen_threads(pid))
+            except (OSError, KeyError):  # ended meanwhile
+                pass
+        time.sleep(0.1)
+    return sizes
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_auto_uses_every_core_and_matches_one_process(tmp_path, one_device):
     run_dir = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *ARGS, "devices.num_processes=auto",
-                           f"run_dir={run_dir}"], cwd=tmp_path, env=auto_env(), capture_output=True,
-                          text=True, timeout=240)
-    ok(proc)
-    assert "on 2 device(s)" in proc.stdout + proc.stderr
+    launcher = subprocess.Popen([sys.executable, "-m", "metarl.evolve", *ARGS, "devices.num_processes=auto",
+                                 f"run_dir={run_dir}"], cwd=tmp_path, env=auto_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        # Every process, process 0 too, is pinned before XLA sizes its pool: a pool sized for more cores
+        # than the process runs on made every generation about 1.4x slower.
+        sizes = _pool_sizes_of_launched_processes(launcher)
+        out, err = launcher.communicate(timeout=240)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, f"exit {launcher.returncode}\n{out}\n{err[-4000:]}"
+    assert len(sizes) == 2 and all(cores == threads for cores, threads in sizes.values()), sizes
+    assert "on 2 device(s)" in out + err
     assert_same_run(one_device, run_dir)
     # Pinned to one core, the same default runs as one process.
     pinned = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), sys.executable, "-m",
