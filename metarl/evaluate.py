@@ -204,8 +204,8 @@ def _worker(job):
 
 def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, num_seeds):
     """The agents split into ``processes`` contiguous blocks, one fresh process each, pinned to its own
-    cores: on a CPU one process gets about one core's worth of these small kernels. Agent i still trains
-    from key i, so the results do not depend on the split."""
+    cores before JAX starts (XLA sizes its thread pools by them), as ``metarl.launch`` does for a run.
+    Agent i still trains from key i, so the results do not depend on the split."""
     import multiprocessing
 
     from metarl.launch import core_sets
