@@ -34,8 +34,9 @@ def population_mesh(popsize: int):
 def check_divides(popsize: int, n_devices: int) -> None:
     if popsize % n_devices:
         lower = popsize - popsize % n_devices
+        near = " or ".join(str(m) for m in (lower, lower + n_devices) if m)
         raise ValueError(f"es.popsize: {popsize} does not divide over {n_devices} devices; allowed: a "
-                         f"multiple of {n_devices} (such as {lower or n_devices} or {lower + n_devices})")
+                         f"multiple of {n_devices} (such as {near})")
 
 
 def _global_leaf(x, sharding):
@@ -137,12 +138,15 @@ def has_accelerator() -> bool:
 
 def auto_processes(popsize: int) -> int:
     """``devices.num_processes=auto``: one process with an accelerator (it drives every local device);
-    on a CPU host, one per usable core, reduced to the largest count that divides the population, since
-    each process holds one CPU device and an equal share of the members."""
+    on a CPU host, one per usable core, reduced to the largest count over whose devices the population
+    divides. Each process gets this process's CPU devices: one, unless ``JAX_NUM_CPU_DEVICES`` (or
+    XLA's forced host device count) asks for more. A population that does not divide over one
+    process's devices gets one process, whose start-up then says why."""
     if has_accelerator():
         return 1
+    per_process = jax.local_device_count()
     cores = usable_cores()
-    return max(n for n in range(1, cores + 1) if popsize % n == 0)
+    return max(n for n in range(1, cores + 1) if n == 1 or popsize % (n * per_process) == 0)
 
 
 def distributed_settings(devices_cfg, popsize: int) -> tuple[int, Optional[str], Optional[int]]:

@@ -259,6 +259,8 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
 
     ``setup_devices``: join the run's processes (``devices.setup``) first, as a run must before any
     JAX computation; a sweep checking its jobs before they start does not. ``task``: already built."""
+    import jax
+
     from metarl import devices
     from metarl.tasks import build_task, check_memory
 
@@ -268,8 +270,8 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
     cfg.es.validate()
     task = task or build_task(cfg)
     num_processes = devices.distributed_settings(cfg.devices, cfg.es.popsize)[0]
-    if local_launch:
-        devices.check_divides(cfg.es.popsize, num_processes)  # one CPU device per process
+    if local_launch:  # each process gets this one's CPU devices (one, unless JAX_NUM_CPU_DEVICES says more)
+        devices.check_divides(cfg.es.popsize, num_processes * jax.local_device_count())
     else:
         devices.population_mesh(cfg.es.popsize)
     check_memory(cfg, task, devices.memory_per_device(),
@@ -305,6 +307,7 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[st
     import jax
 
     from metarl import devices, runlock
+    from metarl.logger import say
 
     lock, refused = None, None
     if local_launch or jax.process_index() == 0:
@@ -335,25 +338,23 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[st
         if local_launch:  # every process gets the same arguments and the same run directory, and the lock
             from metarl.launch import launch
 
-            return launch(child_args, num_processes, lock_fd=lock.fd)
+            return launch(child_args, num_processes, lock=lock)
 
         if jax.process_index() == 0:
             config_lib.save(cfg, run_dir)
-            print(f"run directory: {run_dir}", flush=True)
+            say(f"run directory: {run_dir}")
         try:
             summary = runner.run(cfg, run_dir, prepared=prepared)
         except runner.Interrupted as stop:
             if jax.process_index() == 0:  # every process stops after the same generation; one says so
-                print(f"stopped by {signal.Signals(stop.signum).name} after generation {stop.generation}; "
-                      f"checkpoint saved. Continue with: python -m metarl.evolve resume={run_dir}",
-                      file=sys.stderr, flush=True)
+                say(f"stopped by {signal.Signals(stop.signum).name} after generation {stop.generation}; "
+                    f"checkpoint saved. Continue with: python -m metarl.evolve resume={run_dir}", error=True)
             return 128 + stop.signum
         except CheckpointError as err:
             fail(str(err))
         if jax.process_index() == 0:
-            print(f"done: {summary['generations']} generations; mean fitness {summary['first_mean']:.2f} -> "
-                  f"{summary['last_mean']:.2f}; best {summary['best_so_far']:.2f}; results in {run_dir}",
-                  flush=True)
+            say(f"done: {summary['generations']} generations; mean fitness {summary['first_mean']:.2f} -> "
+                f"{summary['last_mean']:.2f}; best {summary['best_so_far']:.2f}; results in {run_dir}")
         return 0
     finally:
         if lock is not None:  # a sweep runs its next job in this process; a lone run is about to exit
@@ -486,6 +487,9 @@ def _trainer_fields(inner: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from metarl.launch import die_with_launcher
+
+    die_with_launcher()  # a process of a local launch: ends with its parent, however that ends
     argv = sys.argv[1:] if argv is None else argv
     cli = parse_command_line(argv)
     if cli.help:

@@ -4,8 +4,10 @@ On CPU one process uses further cores only in part (XLA hands independent operat
 threads: on 2 cores 1.4-1.8x one core's rate for the quick start's population), while N processes,
 each pinned to its own core from its start and driving one CPU device, scale almost linearly.
 The parent resolves the run directory once, starts ``python -m metarl.evolve`` N times with the same
-arguments plus ``METARL_COORDINATOR`` / ``METARL_PROCESS_ID``, forwards SIGINT/SIGTERM, stops the
-others if one fails, and returns the worst exit code.
+arguments plus ``METARL_COORDINATOR`` / ``METARL_PROCESS_ID``, forwards SIGINT/SIGTERM/SIGHUP, stops
+the others if one fails, and returns the worst exit code. The run stops as one whatever stops it:
+each child dies with the parent (``die_with_launcher``), so a parent killed outright (SIGKILL, the
+out-of-memory killer) leaves no process running and the run directory free for the same command.
 """
 from __future__ import annotations
 
@@ -16,6 +18,11 @@ import subprocess
 import sys
 import time
 from typing import Optional
+
+# Signals that stop a run after the generation in flight, with a checkpoint (``metarl.runner``); the
+# parent of a launch passes them on to its children. SIGHUP is what a closed terminal sends.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+ENV_LAUNCHER = "METARL_LAUNCHER_PID"
 
 
 def free_port() -> int:
@@ -36,33 +43,71 @@ def core_sets(n: int) -> list[Optional[set[int]]]:
     return [set(cores[i * per:(i + 1) * per]) for i in range(n)]
 
 
+def ignored(sig: signal.Signals) -> bool:
+    """Whether this process was started with ``sig`` ignored (``nohup`` ignores SIGHUP): a run leaves
+    such a signal ignored rather than stopping on it."""
+    return signal.getsignal(sig) == signal.SIG_IGN
+
+
+def die_with_launcher() -> None:
+    """In a process started by ``launch``: be killed the moment the launching parent ends, however it
+    ends. Called first thing, before JAX starts. On Linux the kernel does it (``PR_SET_PDEATHSIG``);
+    elsewhere a thread watches the parent. SIGKILL rather than a stop after the generation in flight:
+    the run directory must be free within a second or two for the same command to continue it, and
+    what the run has saved (checkpoints, ``metrics.jsonl``) survives a kill at any moment."""
+    value = os.environ.pop(ENV_LAUNCHER, "")  # not for this process's own children
+    if not value.isdigit():
+        return
+    parent = int(value)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    else:
+        import threading
+
+        def watch():
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, name="metarl-launcher-watch", daemon=True).start()
+    if os.getppid() != parent:  # the parent ended before the line above took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _worst(codes: list[int]) -> int:
     # A child killed by a signal has a negative code; report it the way a shell would.
     codes = [128 - c if c < 0 else c for c in codes]
     return max(codes, key=lambda c: (c != 0, c))
 
 
-def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock_fd: Optional[int] = None) -> int:
+def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock=None) -> int:
     """Run ``python -m metarl.evolve *argv`` as ``num_processes`` processes; returns the worst exit code.
 
-    ``lock_fd``: the run directory's lock (``metarl.runlock``), held by this parent and inherited by
-    every child, so the directory stays locked while any of them lives, even if the parent is killed.
+    ``lock``: the run directory's lock (a ``metarl.runlock.RunLock``), held by this parent and inherited
+    by every child, so the directory stays locked while any of them lives; the children are named in it.
     """
-    from metarl.runlock import ENV_FD
+    from metarl import runlock
 
     port = free_port()
     children: list[subprocess.Popen] = []
     sets = core_sets(num_processes)
     for pid, cores in enumerate(sets):
         env = dict(os.environ, METARL_COORDINATOR=f"127.0.0.1:{port}", METARL_PROCESS_ID=str(pid),
-                   METARL_NUM_PROCESSES=str(num_processes))
-        if lock_fd is not None:
-            env[ENV_FD] = str(lock_fd)
+                   METARL_NUM_PROCESSES=str(num_processes), **{ENV_LAUNCHER: str(os.getpid())})
+        if lock is not None:
+            env[runlock.ENV_FD] = str(lock.fd)
         if cores:
             env["METARL_CPUS"] = ",".join(map(str, sorted(cores)))  # devices.setup pins itself
         # Own session: a Ctrl-C in the terminal reaches the parent only, which forwards it once.
         children.append(subprocess.Popen([sys.executable, "-m", "metarl.evolve", *argv], env=env,
-                                         start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,)))
+                                         start_new_session=True, pass_fds=() if lock is None else (lock.fd,)))
+    if lock is not None:
+        runlock.name_children(lock, [child.pid for child in children])
 
     signalled = []
 
@@ -72,7 +117,7 @@ def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock_fd: Op
             if child.poll() is None:
                 child.send_signal(signum)
 
-    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS if not ignored(sig)}
     try:
         while True:
             codes = [child.poll() for child in children]

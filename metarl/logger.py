@@ -61,6 +61,15 @@ def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
     os.replace(tmp, path)
 
 
+def say(text: str, error: bool = False) -> None:
+    """A line on the console. A console that has gone away (a closed terminal: EIO; a closed pipe:
+    EPIPE) never stops a run: the line is dropped, and ``metrics.jsonl`` stays the record."""
+    try:
+        print(text, file=sys.stderr if error else sys.stdout, flush=True)
+    except OSError:
+        pass
+
+
 def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
@@ -107,9 +116,9 @@ class Logger:
             if len(self.task_names) > 1 and "tasks" in record:  # the population's mean, raw (score)
                 bad += " | " + " ".join(f"{n} {t['raw_mean']:.1f} ({t['score_mean']:.2f})"
                                         for n, t in record["tasks"].items())
-            print(f"gen {g:>4}/{self.total} | best {record['best']:9.2f} | mean {record['mean']:9.2f} | "
-                  f"best so far {record['best_so_far']:9.2f} | {record['fps']:9.3g} frames/s | "
-                  f"{record['seconds']:6.1f} s | left {_duration(left)}{bad}", flush=True)
+            say(f"gen {g:>4}/{self.total} | best {record['best']:9.2f} | mean {record['mean']:9.2f} | "
+                f"best so far {record['best_so_far']:9.2f} | {record['fps']:9.3g} frames/s | "
+                f"{record['seconds']:6.1f} s | left {_duration(left)}{bad}")
         if self.wandb_run is not None:
             import wandb
 
@@ -146,7 +155,7 @@ class Logger:
 
     def message(self, text: str) -> None:
         if self.write:
-            print(text, file=sys.stderr if text.startswith("error") else sys.stdout, flush=True)
+            say(text, error=text.startswith("error"))
 
     def finish(self, summary: Optional[dict] = None) -> None:
         if self.wandb_run is not None:

@@ -8,7 +8,9 @@ a refused process can name it; the file's content is never trusted as the lock.
 In a multi-process launch (``devices.num_processes>1`` on one machine) the launching parent takes
 the lock before it starts the children and hands them the descriptor (``METARL_RUN_LOCK_FD``). A
 child checks that the descriptor really is the lock of its run directory and holds it; as long as
-any process of the run lives the lock is held, so no second launch can slip in between.
+any process of the run lives the lock is held, so no second launch can slip in between. The parent
+adds its children's PIDs to the file (``name_children``), so that a refused process names a holder
+that is alive (the parent, else a child), or says that the process which took the lock has ended.
 """
 from __future__ import annotations
 
@@ -36,15 +38,39 @@ class RunLock:
             self.fd = -1
 
 
-def _holder(fd: int) -> str:
+def _alive(pid: int) -> bool:
     try:
-        text = os.pread(fd, 256, 0).decode(errors="replace").split()
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def _holder(fd: int) -> str:
+    """Who holds the lock, from what the holders wrote: ``pid P host H`` (the process that took it),
+    then ``child C`` for each process of its launch that shares it."""
+    try:
+        lines = os.pread(fd, 4096, 0).decode(errors="replace").splitlines()
     except OSError:
-        text = []
-    info = dict(zip(text[::2], text[1::2]))
-    if "pid" in info:
-        return f"process {info['pid']} on host {info.get('host', '?')}"
-    return "another process"
+        lines = []
+    first = lines[0].split() if lines else []
+    info = dict(zip(first[::2], first[1::2]))
+    if not info.get("pid", "").isdigit():
+        return "another process"
+    pid, host = int(info["pid"]), info.get("host", "?")
+    if host != socket.gethostname():  # cannot look at another host's processes
+        return f"process {pid} on host {host}"
+    if _alive(pid):
+        return f"process {pid} on host {host}"
+    children = [int(w[1]) for w in (line.split() for line in lines[1:])
+                if len(w) == 2 and w[0] == "child" and w[1].isdigit()]
+    alive = [c for c in children if _alive(c)]
+    if alive:
+        return (f"process {alive[0]} on host {host} (started by process {pid}, which has ended; "
+                f"stop it with: kill {' '.join(map(str, alive))})")
+    return f"a process of a run started by process {pid} on host {host}, which has ended"
 
 
 def _inherited(run_dir: Path) -> Optional[RunLock]:
@@ -64,6 +90,12 @@ def _inherited(run_dir: Path) -> Optional[RunLock]:
     except OSError:
         return None
     return RunLock(fd, run_dir)
+
+
+def name_children(lock: RunLock, pids: list[int]) -> None:
+    """Add the processes a launch started, which share the lock, to what the holder wrote."""
+    end = os.fstat(lock.fd).st_size
+    os.pwrite(lock.fd, "".join(f"child {pid}\n" for pid in pids).encode(), end)
 
 
 def acquire(run_dir: str | Path) -> RunLock:

@@ -1,4 +1,4 @@
-"""The generation loop: evolve, report, checkpoint, resume, and stop cleanly on SIGINT/SIGTERM."""
+"""The generation loop: evolve, report, checkpoint, resume, and stop cleanly on SIGINT/SIGTERM/SIGHUP."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from metarl import checkpoints, devices, scores
+from metarl.launch import STOP_SIGNALS, ignored
 from metarl.config import RunConfig
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task, build_task
@@ -18,7 +19,7 @@ from metarl.outer_loops.evolution import Evolution
 
 
 class Interrupted(Exception):
-    """Raised after a clean save when SIGINT or SIGTERM arrived."""
+    """Raised after a clean save when SIGINT, SIGTERM or SIGHUP arrived."""
 
     def __init__(self, signum: int, generation: int):
         self.signum, self.generation = signum, generation
@@ -63,14 +64,17 @@ def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger
 
 
 class _StopFlag:
-    """Turn SIGINT/SIGTERM into a flag read between generations (a generation is one XLA call)."""
+    """Turn the stop signals (``launch.STOP_SIGNALS``: SIGINT, SIGTERM, SIGHUP) into a flag read between
+    generations (a generation is one XLA call)."""
 
     def __init__(self):
-        self.signum: Optional[int] = None
+        self.received: Optional[int] = None  # the first stop signal this process got
         self._old = {}
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
+            if ignored(sig):  # started under nohup, say
+                continue
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread
@@ -78,9 +82,9 @@ class _StopFlag:
         return self
 
     def _handle(self, signum, frame):
-        if self.signum is not None:  # a second signal: stop now
+        if self.received is not None:  # a second signal: stop now
             raise KeyboardInterrupt
-        self.signum = signum
+        self.received = signum
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
@@ -169,15 +173,17 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                 best_so_far = record["best_so_far"]
                 checkpoints.export_best(run_dir, state.best_params, _best_info(cfg, task, record))
             done = g + 1
-            # Processes receive a signal at different moments; all stop after the same generation.
-            stop.signum = devices.agree(stop.signum or 0, f"stop/{done}") or None
-            if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or stop.signum:
+            # Processes receive a signal at different moments; all stop after the same generation. The
+            # agreed signal is kept apart from the one received here, which may come after the agreement
+            # and must not count as a second signal.
+            signum = devices.agree(stop.received or 0, f"stop/{done}")
+            if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or signum:
                 devices.assert_same_everywhere(state)
                 ckpt.save(done, state, history, config_dict)
-            if stop.signum:
+            if signum:
                 ckpt.close()
                 logger.finish()
-                raise Interrupted(stop.signum, done)
+                raise Interrupted(signum, done)
     ckpt.close()
     devices.barrier("finished")
     summary = {"generations": len(history), "compile_seconds": compile_s,

@@ -34,14 +34,15 @@ from typing import Optional
 
 from metarl import config as config_lib
 from metarl.evolve import CommandLine, fail, missing_experiment, refuse_chdir, unique_dir
+from metarl.launch import STOP_SIGNALS
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 JOBS_DIR = "jobs"
 SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
 COLUMNS = ("job", "overrides", "exit_code", "generations", "best", "last_mean", "run_dir")
-# Exit codes of a run stopped by SIGINT or SIGTERM (checkpoint saved): the sweep stops too.
-STOPPED = (128 + 2, 128 + 15)
+# Exit codes of a run stopped by a stop signal (checkpoint saved): the sweep stops too.
+STOPPED = tuple(128 + int(sig) for sig in STOP_SIGNALS)
 
 # Each job's (config, task) as checked before the sweep started, by the job's overrides: a job that
 # runs in this process (the basic launcher) uses its task rather than building it again.
@@ -49,7 +50,7 @@ _CHECKED: dict = {}
 
 
 class SweepStopped(BaseException):
-    """A job was stopped by SIGINT or SIGTERM: no further job starts. A BaseException, so that Hydra's
+    """A job was stopped by a stop signal (SIGINT, SIGTERM, SIGHUP): no further job starts. A BaseException, so that Hydra's
     launcher, which records a job's ordinary exceptions and goes on, lets it through."""
 
     def __init__(self, code: int):

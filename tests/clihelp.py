@@ -48,6 +48,36 @@ def evolve(args, cwd, timeout=300, check=False, extra_env=None):
     return proc
 
 
+def children_of(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux: read from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = open(f"/proc/{entry}/stat").read() if entry.isdigit() else ""
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split() if stat else []
+        if fields and int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether any thread of process ``pid`` runs. A zombie (ended, not yet reaped) does not; but its
+    first thread turns zombie while the others may still be ending, holding its open files."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        try:
+            if open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX":
+                return True
+        except OSError:  # ended meanwhile
+            pass
+    return False
+
+
 def start_evolve(args, cwd):
     return subprocess.Popen([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd, env=env_vars(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clihelp import TINY, env_vars, final_state, records, without_opt_level_flag
+from clihelp import TINY, children_of, env_vars, final_state, records, without_opt_level_flag
 
 GENS = 3
 ARGS = ["experiment=value_loss", *TINY, f"es.generations={GENS}", "logger.progress=false"]
@@ -110,6 +110,17 @@ def test_population_that_does_not_divide_is_refused_at_start(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_a_population_too_small_for_the_devices_names_one_multiple():
+    from metarl import devices
+
+    with pytest.raises(ValueError) as err:
+        devices.check_divides(4, 8)
+    assert str(err.value) == ("es.popsize: 4 does not divide over 8 devices; allowed: a multiple of 8 "
+                              "(such as 8)")
+    with pytest.raises(ValueError, match=r"a multiple of 4 \(such as 8 or 12\)$"):
+        devices.check_divides(10, 4)
+
+
 def auto_env():
     """The environment of a user who set nothing: `auto` decides the process count."""
     env = env_vars()
@@ -119,9 +130,9 @@ def auto_env():
     return env
 
 
-def _auto_count(cores: str, popsize: int) -> int:
+def _auto_count(cores: str, popsize: int, extra_env=None) -> int:
     code = f"from metarl import devices; print(devices.auto_processes({popsize}))"
-    proc = subprocess.run(["taskset", "-c", cores, sys.executable, "-c", code], env=auto_env(),
+    proc = subprocess.run(["taskset", "-c", cores, sys.executable, "-c", code], env={**auto_env(), **(extra_env or {})},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout.strip())
@@ -137,18 +148,29 @@ def test_auto_counts_the_cores_the_affinity_allows():
         assert _auto_count(two, 16) == 2
         assert _auto_count(two, 7) == 1  # the largest count that divides the population
     assert _auto_count(",".join(map(str, cores)), 1) == 1
+    if len(cores) >= 2:  # each process gets the CPU devices the user asked for: counted, not refused later
+        four = {"JAX_NUM_CPU_DEVICES": "4"}
+        assert _auto_count(two, 8, four) == 2
+        assert _auto_count(two, 4, four) == 1
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            stat = open(f"/proc/{entry}/stat").read() if entry.isdigit() else ""
-        except OSError:  # ended meanwhile
-            continue
-        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry))
-    return found
+@pytest.mark.timeout(300)
+def test_auto_with_several_cpu_devices_per_process_runs_or_says_why(tmp_path):
+    # The user's JAX_NUM_CPU_DEVICES=4 on this machine: popsize 4 runs (one process of 4 devices rather
+    # than 2 of 4 that it cannot divide over); popsize 6 divides over no count of such processes.
+    env = {**auto_env(), "JAX_NUM_CPU_DEVICES": "4"}
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "metarl.evolve", *ARGS, *extra], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=240)
+
+    proc = ok(run(f"run_dir={tmp_path / 'run'}"))
+    assert "on 4 device(s)" in proc.stdout
+    proc = run("es.popsize=6", f"run_dir={tmp_path / 'six'}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: es.popsize: 6 does not divide over 4 devices; allowed: a multiple of 4 (such as 4 or 8)"]
+    assert not (tmp_path / "six").exists()
 
 
 def _eigen_threads(pid: int) -> int:
@@ -166,7 +188,7 @@ def _pool_sizes_of_launched_processes(launcher: subprocess.Popen) -> dict[int, t
     """For each process the launcher starts: (cores ``METARL_CPUS`` gives it, threads of XLA's pool)."""
     sizes = {}
     while launcher.poll() is None and len(sizes) < 2:
-        for pid in _children(launcher.pid):
+        for pid in children_of(launcher.pid):
             try:
                 if pid in sizes or not _eigen_threads(pid):
                     continue

@@ -75,7 +75,8 @@ def test_sigkill_mid_generation_and_mid_checkpoint_then_resume(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_sigterm_saves_then_exits_with_a_message(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_stop_signal_saves_then_exits_with_a_message(tmp_path, sig):
     run_dir = tmp_path / "run"
     args = ["experiment=value_loss", *SLOWER, "es.generations=200", "checkpoint.every=1000",
             f"run_dir={run_dir}"]
@@ -84,10 +85,10 @@ def test_sigterm_saves_then_exits_with_a_message(tmp_path):
     deadline = time.time() + 400
     while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 1):
         time.sleep(0.02)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "SIGTERM" in stderr and f"resume={run_dir}" in stderr
+    assert proc.returncode == 128 + sig, stderr
+    assert f"stopped by {sig.name} after generation " in stderr and f"resume={run_dir}" in stderr
     _, meta = final_state(run_dir)
     assert meta["generation"] == len(records(run_dir)) >= 1  # saved where it stopped, nothing lost
 

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -51,6 +52,50 @@ def test_lock_names_its_holder_and_is_released_by_sigkill(tmp_path, clean_env):
         assert f"pid {os.getpid()} " in (run_dir / runlock.LOCK_FILE).read_text()
     finally:
         lock.release()
+
+
+# A launcher that takes the lock, starts a child sharing it (as metarl.launch does), names the
+# child in the lock file or not (argv[2]), and waits to be killed.
+LAUNCH = ("import os, subprocess, sys, time\n"
+          "from metarl import runlock\n"
+          "lock = runlock.acquire(sys.argv[1])\n"
+          "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], pass_fds=(lock.fd,))\n"
+          "if sys.argv[2] == 'named':\n"
+          "    runlock.name_children(lock, [child.pid])\n"
+          "print(child.pid, flush=True)\n"
+          "time.sleep(120)\n")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("named", ["named", "unnamed"])
+def test_lock_names_a_live_child_when_its_launcher_is_gone(tmp_path, clean_env, named):
+    run_dir = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, str(run_dir), named], env=env_vars(),
+                                stdout=subprocess.PIPE, text=True)
+    child = int(launcher.stdout.readline())
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    try:
+        with pytest.raises(runlock.RunDirLocked) as refused:
+            runlock.acquire(run_dir)
+        message = str(refused.value)
+        assert len(message.splitlines()) == 1
+        if named == "named":  # the live holder, and that the process which took the lock has ended
+            assert f"in use by process {child} on host " in message
+            assert f"started by process {launcher.pid}, which has ended; stop it with: kill {child})" in message
+        else:
+            assert f"in use by a process of a run started by process {launcher.pid} on host " in message
+            assert message.split(";")[0].endswith("which has ended")
+    finally:
+        os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while True:  # the child's end frees the directory
+        try:
+            runlock.acquire(run_dir).release()
+            break
+        except runlock.RunDirLocked:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
 
 
 @pytest.mark.timeout(120)

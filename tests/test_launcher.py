@@ -1,0 +1,155 @@
+"""A run of several processes stops as one, whatever stops the process the user started.
+
+The launcher of a two-process run is killed outright (SIGKILL) at start-up, while compiling, inside
+a generation and while a checkpoint is written: each time no process of the run is left within 5 s,
+the run directory is free, and the same command then finishes the run exactly as an uninterrupted
+one. SIGHUP (a closed terminal) stops it like SIGTERM: after the generation in flight, with a
+checkpoint, exit code 129 and the command that continues it.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from clihelp import TINY, alive, children_of, env_vars, final_state, records
+from metarl import runlock
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+GENS = 6
+# A little more work per generation than TINY, so that a kill can land inside one.
+ARGS = ["experiment=value_loss", *[a for a in TINY if not a.startswith("inner.total_timesteps")],
+        "inner.total_timesteps=2048", f"es.generations={GENS}", "devices.num_processes=2"]
+
+
+def launch_env():
+    env = env_vars()
+    env["METARL_INIT_TIMEOUT"] = "120"  # a process that never joins fails the run instead of hanging it
+    return env
+
+
+class Launch:
+    """The command a user runs, started in the background; its output goes to a file."""
+
+    def __init__(self, run_dir: Path, log: Path):
+        self.run_dir, self.log = run_dir, log
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "metarl.evolve", *ARGS, f"run_dir={run_dir}"],
+                                         cwd=run_dir.parent, env=launch_env(), stdout=out, stderr=subprocess.STDOUT)
+        self.workers: set[int] = set()
+
+    def watch(self, ready, timeout: float = 300) -> bool:
+        """Poll until ``ready()``, noting the launcher's children; False if the run ended first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            self.workers.update(children_of(self.proc.pid))
+            if ready():
+                self.workers.update(children_of(self.proc.pid))
+                return True
+            time.sleep(0.0005)
+        return False
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def metrics_lines(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def writing_checkpoint(run_dir: Path) -> bool:
+    ckpt = run_dir / "ckpt"
+    try:
+        return any("orbax-checkpoint-tmp" in p.name for p in ckpt.iterdir())
+    except OSError:
+        return False
+
+
+def assert_stopped_as_one(launch: Launch, within_s: float = 5.0):
+    """Within ``within_s`` of its launcher's end no process of the run is left and the lock is free."""
+    assert launch.workers, "the launcher had started no process yet"
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(alive(pid) for pid in launch.workers):
+        time.sleep(0.05)
+    left = [pid for pid in launch.workers if alive(pid)]
+    for pid in left:  # do not leave them running whatever the test says
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the run still alive {within_s} s after the launcher ended: {left}"
+    lock = runlock.acquire(launch.run_dir)  # raises RunDirLocked if anything still holds it
+    lock.release()
+
+
+def assert_same_run(a: Path, b: Path):
+    """Every generation's record once and equal, and the final state (search distribution, optimiser,
+    key) bit for bit."""
+    ra, rb = records(a), records(b)
+    assert [r["generation"] for r in ra] == list(range(1, GENS + 1))
+    assert ra == rb
+    (sa, ma), (sb, mb) = final_state(a), final_state(b)
+    assert ma["generation"] == mb["generation"] == GENS
+    np.testing.assert_array_equal(jax.random.key_data(sa.key), jax.random.key_data(sb.key))
+    for x, y in zip(jax.tree.leaves(sa.es_state), jax.tree.leaves(sb.es_state), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+def finish(run_dir: Path) -> str:
+    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *ARGS, f"run_dir={run_dir}"], cwd=run_dir.parent,
+                          env=launch_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    finish(run_dir)
+    return run_dir
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_of_the_launcher_at_any_moment_leaves_nothing_running(tmp_path, straight):
+    run_dir = tmp_path / "run"
+    moments = {  # when to kill the launcher; the run directory is the same throughout
+        "start-up": lambda: bool(children_of(launch.proc.pid)),
+        "compile": lambda: "run directory:" in launch.output() and "compiled" not in launch.output(),
+        "mid generation": lambda: metrics_lines(run_dir) >= 2,
+        "checkpoint write": lambda: writing_checkpoint(run_dir),
+    }
+    caught = []
+    for moment, ready in moments.items():
+        launch = Launch(run_dir, tmp_path / f"{moment}.log")
+        if launch.watch(ready):
+            launch.proc.send_signal(signal.SIGKILL)
+            caught.append(moment)
+        launch.proc.wait(timeout=300)
+        assert_stopped_as_one(launch)
+        if metrics_lines(run_dir) >= GENS:
+            break
+    assert caught[:3] == ["start-up", "compile", "mid generation"], caught
+    out = finish(run_dir)
+    assert_same_run(run_dir, straight)
+    assert not writing_checkpoint(run_dir)
+    print(f"killed at: {caught}\n{out}")
+
+
+@pytest.mark.timeout(600)
+def test_sighup_stops_a_two_process_run_like_sigterm(tmp_path, straight):
+    run_dir = tmp_path / "run"
+    launch = Launch(run_dir, tmp_path / "hup.log")
+    assert launch.watch(lambda: metrics_lines(run_dir) >= 1), launch.output()
+    launch.proc.send_signal(signal.SIGHUP)
+    assert launch.proc.wait(timeout=300) == 128 + signal.SIGHUP, launch.output()
+    assert_stopped_as_one(launch)
+    out = launch.output()
+    assert "stopped by SIGHUP after generation " in out and f"resume={run_dir}" in out, out
+    _, meta = final_state(run_dir)
+    assert meta["generation"] == metrics_lines(run_dir) < GENS  # saved where it stopped, nothing lost
+    finish(run_dir)
+    assert_same_run(run_dir, straight)
