@@ -313,7 +313,8 @@ class MlflowRun:
 
     def _failed(self, what: str, err: Exception) -> None:
         self.client = None
-        text = (str(err).strip().splitlines() or [""])[0][:300]
+        text = (str(err).strip().splitlines() or [""])[0]
+        text = text if len(text) <= 200 else text[:200] + " ..."
         self.message(f"warning: MLflow: {what} failed ({type(err).__name__}: {text}); no more is sent to "
                      f"MLflow in this process, and {METRICS_FILE} keeps every generation")
 
