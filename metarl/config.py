@@ -240,7 +240,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"logger.wandb.mode: {cfg.logger.wandb.mode!r}; allowed: {', '.join(WANDB_MODES)}")
     if any(not isinstance(tag, str) or not tag for tag in cfg.logger.wandb.tags):
         raise ConfigError(f"logger.wandb.tags: {cfg.logger.wandb.tags!r}; allowed: a list of non-empty strings")
-    _check_mlflow(cfg.logger.mlflow)
+    _validate_mlflow(cfg.logger.mlflow)
     n = cfg.devices.num_processes
     if not (n == "auto" or (isinstance(n, int) and n > 0)):
         raise ConfigError(f"devices.num_processes: {n!r}; allowed: auto (one process per usable CPU core, or "
@@ -250,7 +250,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def _check_mlflow(section: MlflowSection) -> None:
+def _validate_mlflow(section: MlflowSection) -> None:
     if section.mode not in MLFLOW_MODES:
         raise ConfigError(f"logger.mlflow.mode: {section.mode!r}; allowed: {', '.join(MLFLOW_MODES)}")
     if not section.tracking_uri.strip():

@@ -253,16 +253,17 @@ class Checked:
 
 def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
     """Every check of a run's settings that needs no run directory, reading only: the search settings,
-    the packages a tracker needs, the trainer in its environment, how the population divides over the processes or devices, and the
-    memory a generation needs. Raises ``ConfigError`` or ``ValueError`` with a one-line message.
+    the packages a tracker needs, the trainer in its environment, how the population divides over the
+    processes or devices, and the memory a generation needs. Raises ``ConfigError`` or ``ValueError``
+    with a one-line message.
 
     ``setup_devices``: join the run's processes (``devices.setup``) first, as a run must before any
     JAX computation; a sweep checking its jobs before they start does not. ``task``: already built."""
     from metarl import devices
-    from metarl.logger import check_mlflow
+    from metarl.logger import check_mlflow_installed
     from metarl.tasks import build_task, check_memory
 
-    check_mlflow(cfg.logger.mlflow)
+    check_mlflow_installed(cfg.logger.mlflow)
     local_launch = devices.needs_local_launch(cfg.devices, cfg.es.popsize)
     if setup_devices and not local_launch:
         devices.setup(cfg.devices, cfg.es.popsize)  # before any JAX computation
@@ -448,7 +449,8 @@ def help_text(cli: CommandLine) -> str:
              "",
              f"keys, with the values of {'experiment ' + experiment if experiment else 'experiments/base.yaml'}"
              " (any of them as KEY=VALUE; hydra.KEY=VALUE for Hydra's, see --cfg hydra):"]
-    lines += [f"  {key}={config_lib.show_value(value)}" for key, value in config_lib.flatten(data).items() if value != "???"]
+    lines += [f"  {key}={config_lib.show_value(value)}" for key, value in config_lib.flatten(data).items()
+              if value != "???"]
     fields = _trainer_fields(data.get("inner") or {})
     if fields:
         name, defaults = fields

@@ -201,7 +201,6 @@ def _wandb_id(run_dir: Path) -> str:
     return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
-
 # --- MLflow ----------------------------------------------------------------------------------------
 
 PARENT_RUN_ENV = "METARL_MLFLOW_PARENT_RUN_ID"   # set by a sweep: its jobs' runs are nested under this run
@@ -226,7 +225,7 @@ def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
     return f"sqlite:///{folder / STORE_DB}", str(folder / STORE_ARTIFACTS)
 
 
-def check_mlflow(section: MlflowSection) -> None:
+def check_mlflow_installed(section: MlflowSection) -> None:
     """``ConfigError`` if ``logger.mlflow.mode=enabled`` and MLflow cannot be imported (or, for a local
     store, the SQL packages it needs): checked with the run's settings, before anything is written."""
     if section.mode != "enabled":

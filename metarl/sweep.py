@@ -17,6 +17,9 @@ the last generation's mean fitness and its run directory. Each job records itsel
 ``SWEEP_DIR/jobs/<number>.json`` when it starts and ends, so the summary is the same whichever launcher
 ran the jobs, wherever (another process, another machine on a shared file system).
 
+With ``logger.mlflow.mode=enabled`` the sweep is an MLflow run too, with each job's run nested under
+it, and the summary's best values logged on it when the sweep ends (``open_mlflow_parent``).
+
 The task function Hydra calls returns the job's best fitness, so a sweeper that optimises (a Hydra
 sweeper plug-in such as Optuna's, set to maximise) can search over a run's settings.
 """

@@ -159,7 +159,8 @@ def test_mlflow_asked_for_but_not_installed_exits_2_having_written_nothing(tmp_p
 
 def test_unreachable_server_costs_one_quick_failure_and_one_warning(tmp_path, monkeypatch):
     for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
-        monkeypatch.delenv(name, raising=False)  # metarl's defaults apply (and are undone afterwards)
+        monkeypatch.setenv(name, "")  # so that the value metarl sets is undone after the test
+        monkeypatch.delenv(name)  # metarl's own defaults apply
     section = config_lib.MlflowSection(mode="enabled", tracking_uri=f"http://127.0.0.1:{closed_port()}")
     messages = []
     t = time.perf_counter()
