@@ -5,6 +5,7 @@ says what is allowed (``ConfigError``); nothing is compiled before the config is
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import typing
@@ -79,9 +80,19 @@ class WandbSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class MlflowSection:
+    mode: str = "disabled"
+    # A folder: a local store in it (mlflow.db and artifacts/); or MLflow's own URI (http://HOST:PORT, sqlite:///...).
+    tracking_uri: str = "mlruns"
+    experiment: Optional[str] = None   # null: the run's `experiment`
+    tags: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
 class LoggerSection:
     progress: bool = True
     wandb: WandbSection = WandbSection()
+    mlflow: MlflowSection = MlflowSection()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +132,7 @@ NORMALIZATIONS = ("baseline", "none")
 AGGREGATES = ("mean", "median", "min")
 INIT_MEANS = ("zeros", "init")
 WANDB_MODES = ("disabled", "offline", "online")
+MLFLOW_MODES = ("disabled", "enabled")
 
 # Settings that do not change what the search computes; a resumed run may change these.
 RESUMABLE_FIELDS = ("run_dir", "experiments_dir", "eval_tasks", "es.generations", "checkpoint", "logger", "devices")
@@ -228,6 +240,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError(f"logger.wandb.mode: {cfg.logger.wandb.mode!r}; allowed: {', '.join(WANDB_MODES)}")
     if any(not isinstance(tag, str) or not tag for tag in cfg.logger.wandb.tags):
         raise ConfigError(f"logger.wandb.tags: {cfg.logger.wandb.tags!r}; allowed: a list of non-empty strings")
+    _validate_mlflow(cfg.logger.mlflow)
     n = cfg.devices.num_processes
     if not (n == "auto" or (isinstance(n, int) and n > 0)):
         raise ConfigError(f"devices.num_processes: {n!r}; allowed: auto (one process per usable CPU core, or "
@@ -235,6 +248,20 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not 0 <= cfg.seed <= SEED_MAX:
         raise ConfigError(f"seed: {cfg.seed}; allowed: an integer from 0 to {SEED_MAX}")
     return cfg
+
+
+def _validate_mlflow(section: MlflowSection) -> None:
+    if section.mode not in MLFLOW_MODES:
+        raise ConfigError(f"logger.mlflow.mode: {section.mode!r}; allowed: {', '.join(MLFLOW_MODES)}")
+    if not section.tracking_uri.strip():
+        raise ConfigError("logger.mlflow.tracking_uri: empty; allowed: a folder for a local store (mlruns), "
+                          "or an MLflow tracking URI such as http://HOST:PORT")
+    if section.experiment is not None and not section.experiment.strip():
+        raise ConfigError("logger.mlflow.experiment: empty; allowed: a name, or null (the run's experiment)")
+    for key, value in section.tags.items():
+        if not isinstance(key, str) or not key or not isinstance(value, (str, int, float, bool)):
+            raise ConfigError(f"logger.mlflow.tags: {section.tags!r}; allowed: a mapping of names to strings or "
+                              "numbers, such as {study: doors}")
 
 
 def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
@@ -446,6 +473,11 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def show_value(value) -> str:
+    """A setting's value as it is written on the command line: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def search_differences(saved: dict, new: dict) -> list[str]:

@@ -24,7 +24,6 @@ on ``RUN_DIR/.lock``); a second is refused the same way.
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 import sys
 from pathlib import Path
@@ -254,16 +253,19 @@ class Checked:
 
 def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
     """Every check of a run's settings that needs no run directory, reading only: the search settings,
-    the trainer in its environment, how the population divides over the processes or devices, and the
-    memory a generation needs. Raises ``ConfigError`` or ``ValueError`` with a one-line message.
+    the packages a tracker needs, the trainer in its environment, how the population divides over the
+    processes or devices, and the memory a generation needs. Raises ``ConfigError`` or ``ValueError``
+    with a one-line message.
 
     ``setup_devices``: join the run's processes (``devices.setup``) first, as a run must before any
     JAX computation; a sweep checking its jobs before they start does not. ``task``: already built."""
     import jax
 
     from metarl import devices
+    from metarl.logger import check_mlflow_installed
     from metarl.tasks import build_task, check_memory
 
+    check_mlflow_installed(cfg.logger.mlflow)
     local_launch = devices.needs_local_launch(cfg.devices, cfg.es.popsize)
     if setup_devices and not local_launch:
         devices.setup(cfg.devices, cfg.es.popsize)  # before any JAX computation
@@ -406,10 +408,6 @@ def show_config(cli: CommandLine) -> int:
     return 0
 
 
-def _show(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def help_text(cli: CommandLine) -> str:
     """``--help``: how to call it, the experiments, Hydra's launchers and sweepers, and every key with its
     default (of ``experiments/base.yaml``, or of the experiment named on the same line)."""
@@ -452,12 +450,13 @@ def help_text(cli: CommandLine) -> str:
              "",
              f"keys, with the values of {'experiment ' + experiment if experiment else 'experiments/base.yaml'}"
              " (any of them as KEY=VALUE; hydra.KEY=VALUE for Hydra's, see --cfg hydra):"]
-    lines += [f"  {key}={_show(value)}" for key, value in config_lib.flatten(data).items() if value != "???"]
+    lines += [f"  {key}={config_lib.show_value(value)}" for key, value in config_lib.flatten(data).items()
+              if value != "???"]
     fields = _trainer_fields(data.get("inner") or {})
     if fields:
         name, defaults = fields
         lines.append(f"  inner.*: any field of the trainer's config, {name}:")
-        lines += [f"    inner.{key}={_show(value)}" for key, value in defaults.items()
+        lines += [f"    inner.{key}={config_lib.show_value(value)}" for key, value in defaults.items()
                   if key not in (data.get("inner") or {})]
     lines.append("  component.*: the learned component's arguments (component._target_ names its class)")
     return "\n".join(lines)

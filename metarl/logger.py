@@ -1,19 +1,28 @@
-"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases.
+"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases and MLflow.
 
-To wandb go, every generation, the scalars of the record, every member's fitness as a histogram
-(``fitness``) and the decoded search distribution of a hyperparameter search (``search/mean/lr``,
-``search/low/lr``, ...); at the end of a run, the figures of ``python -m metarl.inspect`` as images
-(``figures/<name>``) and the best meta-parameters as a versioned artifact of type ``meta-params``.
+Both trackers get, every generation at step = generation, the scalars of the record under the same
+names (``scalars``): best, mean, std, quantiles, frames/s, ..., each task's (``tasks/<name>/raw_mean``,
+...) and the decoded search distribution of a hyperparameter search (``search/mean/lr``,
+``search/low/lr``, ...); wandb also every member's fitness as a histogram (``fitness``). At the end of
+a run, both get the figures of ``python -m metarl.inspect`` (wandb: images ``figures/<name>``; MLflow:
+files under ``figures/``) and the best meta-parameters (wandb: a versioned artifact of type
+``meta-params``; MLflow: files under ``meta-params/``). MLflow also gets the resolved config as
+parameters (flattened keys such as ``es.popsize``).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
+
+from metarl.config import ConfigError, MlflowSection, flatten, show_value
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -70,6 +79,18 @@ def say(text: str, error: bool = False) -> None:
         pass
 
 
+def scalars(record: dict) -> dict:
+    """A generation's record as the scalars that wandb and MLflow log, by name: its numbers (best,
+    mean, std, quantiles, frames/s, ...; the generation is the step), each task's
+    (``tasks/<name>/raw_mean``, ...) and the decoded search distribution (``search/mean/lr``, ...)."""
+    data = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
+    for name, values in record.get("tasks", {}).items():
+        data.update({f"tasks/{name}/{stat}": v for stat, v in values.items()})
+    for part, values in record.get("search", {}).items():  # mean, low, high -> {name: value}
+        data.update({f"search/{part}/{name}": v for name, v in values.items()})
+    return data
+
+
 def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
@@ -82,7 +103,7 @@ def _duration(seconds: float) -> str:
 class Logger:
     def __init__(self, run_dir: Path, config: dict, total_generations: int, progress: bool = True,
                  wandb_cfg: Optional[dict] = None, write: bool = True, run_name: str = "",
-                 task_names: Optional[list] = None):
+                 task_names: Optional[list] = None, mlflow_cfg: Optional[MlflowSection] = None):
         self.run_dir = Path(run_dir)
         self.total = total_generations
         self.progress = progress and write
@@ -101,6 +122,12 @@ class Logger:
                                         dir=str(self.run_dir), config=config,
                                         name=run_name or self.run_dir.name,
                                         id=_wandb_id(self.run_dir), resume="allow")
+        self.mlflow: Optional[MlflowRun] = None
+        if write and mlflow_cfg is not None and mlflow_cfg.mode == "enabled":
+            self.mlflow = MlflowRun.open(mlflow_cfg, config.get("experiment", ""), self.run_dir,
+                                         run_name or self.run_dir.name, flatten(config),
+                                         {"metarl.run_dir": str(self.run_dir)}, self.message,
+                                         parent_id=os.environ.get(PARENT_RUN_ENV))
 
     def log(self, record: dict) -> None:
         if not self.write:
@@ -119,21 +146,28 @@ class Logger:
             say(f"gen {g:>4}/{self.total} | best {record['best']:9.2f} | mean {record['mean']:9.2f} | "
                 f"best so far {record['best_so_far']:9.2f} | {record['fps']:9.3g} frames/s | "
                 f"{record['seconds']:6.1f} s | left {_duration(left)}{bad}")
+        data = scalars(record) if self.tracking else {}
         if self.wandb_run is not None:
             import wandb
 
-            data = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
-            data["fitness"] = wandb.Histogram(record["fitness"])
-            for name, values in record.get("tasks", {}).items():
-                data.update({f"tasks/{name}/{stat}": v for stat, v in values.items()})
-            for part, values in record.get("search", {}).items():  # mean, low, high -> {name: value}
-                data.update({f"search/{part}/{name}": v for name, v in values.items()})
-            self.wandb_run.log(data, step=record["generation"])
+            self.wandb_run.log({**data, "fitness": wandb.Histogram(record["fitness"])}, step=record["generation"])
             self.last_step = record["generation"]
+        if self.mlflow is not None:
+            self.mlflow.log_generation(record["generation"], data)
+
+    def catch_up(self, history: list) -> None:
+        """Give MLflow the generations of ``history`` (a resumed run's, from its checkpoint) that it
+        lacks: those run while its server could not be reached, or after its last step was logged."""
+        if self.mlflow is not None:
+            for record in history:
+                self.mlflow.log_generation(record["generation"], scalars(record))
 
     def log_results(self, figures: list, best_files: list, best_info: Optional[dict]) -> None:
-        """The end of a run, to wandb: ``figures`` (PNG paths) as images, and ``best_files`` (the
-        exported best meta-parameters) as an artifact; a resumed run adds a new version."""
+        """The end of a run: ``figures`` (PNG paths) and ``best_files`` (the exported best meta-parameters)
+        to MLflow as files, and to wandb as images and an artifact (a resumed run adds a new version)."""
+        if self.mlflow is not None:
+            self.mlflow.log_files(figures, "figures")
+            self.mlflow.log_files(best_files, "meta-params")
         if self.wandb_run is None:
             return
         import wandb
@@ -150,14 +184,18 @@ class Logger:
             self.wandb_run.log_artifact(artifact)
 
     @property
-    def wandb_on(self) -> bool:
-        return self.wandb_run is not None
+    def tracking(self) -> bool:
+        """Whether a tracker (wandb, MLflow) takes this run's records."""
+        return self.wandb_run is not None or (self.mlflow is not None and self.mlflow.active)
 
     def message(self, text: str) -> None:
         if self.write:
             say(text, error=text.startswith("error"))
 
-    def finish(self, summary: Optional[dict] = None) -> None:
+    def finish(self, summary: Optional[dict] = None, stopped: bool = False) -> None:
+        """The end of the run; ``stopped``: by a signal, to be resumed."""
+        if self.mlflow is not None:
+            self.mlflow.finish("KILLED" if stopped else "FINISHED")
         if self.wandb_run is not None:
             if summary:
                 for k, v in summary.items():
@@ -171,3 +209,181 @@ def _wandb_id(run_dir: Path) -> str:
 
     return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
+
+# --- MLflow ----------------------------------------------------------------------------------------
+
+PARENT_RUN_ENV = "METARL_MLFLOW_PARENT_RUN_ID"   # set by a sweep: its jobs' runs are nested under this run
+MLFLOW_RUN_FILE = "mlflow_run.json"   # in a run's (or sweep's) directory: the MLflow run it logs to
+STORE_DB, STORE_ARTIFACTS = "mlflow.db", "artifacts"   # a local store's files, in its folder
+STEP_METRIC = "best"   # logged every generation: its last step is the last generation MLflow holds
+# A tracking server that cannot be reached fails the first request at once (MLflow would retry for
+# minutes) and within seconds (not two minutes); either variable, set beforehand, is kept.
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+
+
+def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
+    """``(MLflow tracking URI, artifact root)`` of ``logger.mlflow.tracking_uri``. A folder is a local
+    store, no server needed: the SQLite database ``FOLDER/mlflow.db``, its runs' files in
+    ``FOLDER/artifacts`` (both absolute, so that a run resumed from elsewhere finds the same store). A
+    URI with a scheme (``http://HOST:PORT``, ``sqlite:///PATH``, ...) is MLflow's own; its server or
+    MLflow's default decides where files go (None)."""
+    if _SCHEME.match(tracking_uri):
+        return tracking_uri, None
+    folder = Path(tracking_uri).expanduser().absolute()
+    return f"sqlite:///{folder / STORE_DB}", str(folder / STORE_ARTIFACTS)
+
+
+def check_mlflow_installed(section: MlflowSection) -> None:
+    """``ConfigError`` if ``logger.mlflow.mode=enabled`` and MLflow cannot be imported (or, for a local
+    store, the SQL packages it needs): checked with the run's settings, before anything is written."""
+    if section.mode != "enabled":
+        return
+    needed = ["mlflow"]
+    if mlflow_store(section.tracking_uri)[0].startswith("sqlite:"):
+        needed += ["sqlalchemy", "alembic"]
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(f"logger.mlflow.mode: enabled, but {', '.join(missing)} cannot be imported; allowed: "
+                          "disabled, or enabled after pip install \"metarl[mlflow]\"")
+
+
+def _metric_name(name: str) -> str:
+    return re.sub(r"[^/\w.\- :]", "_", name)  # the characters MLflow allows in a name
+
+
+class MlflowRun:
+    """The MLflow run that a metarl run, or a sweep (the parent of its jobs' runs), logs to. The first
+    call that fails (a tracking server that cannot be reached, a store that refuses) is reported
+    once, and MLflow is not called again in this process: the run goes on, ``metrics.jsonl`` its record."""
+
+    def __init__(self, message: Callable[[str], None]):
+        self.message = message
+        self.client = None
+        self.run_id: Optional[str] = None
+        self.last_step = 0   # the last generation MLflow holds
+
+    @classmethod
+    def open(cls, section: MlflowSection, experiment: str, record_dir: Path, name: str, params: dict,
+             tags: dict, message: Callable[[str], None], parent_id: Optional[str] = None) -> "MlflowRun":
+        """The run recorded in ``record_dir/mlflow_run.json`` continued, if it is in the same store, or a
+        new one in experiment ``section.experiment`` (default ``experiment``), made if missing. The
+        config's ``params`` are logged (those the run lacks, when continued: MLflow keeps a parameter's
+        first value), and ``tags``, ``section.tags`` and, with ``parent_id``, the parent run's."""
+        run = cls(message)
+        try:
+            run._open(section, experiment, Path(record_dir), name, params, tags, parent_id)
+        except Exception as err:
+            run._failed("starting its run", err)
+        return run
+
+    def _open(self, section, experiment, record_dir, name, params, tags, parent_id):
+        for key, value in MLFLOW_HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        import mlflow
+        from mlflow.entities import Param, RunTag
+        from mlflow.exceptions import MlflowException
+
+        if "MLFLOW_LOGGING_LEVEL" not in os.environ:  # its INFO lines (creating a store's tables)
+            logging.getLogger("mlflow").setLevel(logging.WARNING)
+        uri, artifacts = mlflow_store(section.tracking_uri)
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        record_path = record_dir / MLFLOW_RUN_FILE
+        record = json.loads(record_path.read_text()) if record_path.exists() else {}
+        run = None
+        if record.get("tracking_uri") == uri:  # a resumed run: its MLflow run goes on
+            try:
+                run = client.get_run(record["run_id"])
+            except MlflowException as err:
+                if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+            if run is not None and run.info.lifecycle_stage != "active":  # deleted: start anew
+                run = None
+        continued = run is not None
+        if not continued:
+            experiment_id = _experiment_id(client, section.experiment or experiment, artifacts)
+            run = client.create_run(experiment_id, run_name=name)
+            tmp = record_path.with_name(record_path.name + ".tmp")
+            tmp.write_text(json.dumps({"tracking_uri": uri, "run_id": run.info.run_id}, indent=1) + "\n")
+            os.replace(tmp, record_path)
+            logged = {}
+        else:
+            client.update_run(run.info.run_id, status="RUNNING")
+            self.last_step = max((m.step for m in client.get_metric_history(run.info.run_id, STEP_METRIC)),
+                                 default=0)
+            logged = run.data.params
+        all_tags = {**tags, **section.tags, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
+        client.log_batch(run.info.run_id,
+                         params=[Param(k, show_value(v)) for k, v in params.items() if k not in logged],
+                         tags=[RunTag(k, show_value(v)) for k, v in all_tags.items()])
+        self.client, self.run_id = client, run.info.run_id
+        self.message(f"MLflow: {'continuing' if continued else 'new'} run {self.run_id} in {uri}")
+
+    def _failed(self, what: str, err: Exception) -> None:
+        self.client = None
+        text = (str(err).strip().splitlines() or [""])[0]
+        text = text if len(text) <= 200 else text[:200] + " ..."
+        self.message(f"warning: MLflow: {what} failed ({type(err).__name__}: {text}); no more is sent to "
+                     f"MLflow in this process, and {METRICS_FILE} keeps every generation")
+
+    def _call(self, what: str, fn: Callable, *args, **kwargs) -> bool:
+        if self.client is None:
+            return False
+        try:
+            fn(*args, **kwargs)
+            return True
+        except Exception as err:
+            self._failed(what, err)
+            return False
+
+    @property
+    def active(self) -> bool:
+        return self.client is not None
+
+    def log_metrics(self, values: dict, step: int) -> bool:
+        from mlflow.entities import Metric
+
+        if self.client is None:
+            return False
+        now = int(time.time() * 1000)
+        metrics = [Metric(_metric_name(k), float(v), now, step) for k, v in values.items()]
+        return self._call(f"logging step {step}", self.client.log_batch, self.run_id, metrics=metrics)
+
+    def log_generation(self, generation: int, values: dict) -> None:
+        """One generation's scalars at step = generation, unless MLflow holds that step already (a
+        resumed run computes again the generations after its last checkpoint)."""
+        if generation > self.last_step and self.log_metrics(values, generation):
+            self.last_step = generation
+
+    def log_files(self, paths: list, folder: Optional[str]) -> None:
+        """Files, into the run's ``folder`` of artifacts (None: at their top; a resumed run's replace the
+        earlier ones)."""
+        for path in paths:
+            if self.client is None or not self._call(f"uploading {Path(path).name}", self.client.log_artifact,
+                                                     self.run_id, str(path), folder):
+                return
+
+    def set_tags(self, tags: dict) -> None:
+        from mlflow.entities import RunTag
+
+        if self.client is not None:
+            self._call("tagging the run", self.client.log_batch, self.run_id,
+                       tags=[RunTag(k, show_value(v)) for k, v in tags.items()])
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self.client is not None:
+            self._call("ending the run", self.client.set_terminated, self.run_id, status)
+
+
+def _experiment_id(client, name: str, artifacts: Optional[str]) -> str:
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifacts)
+        except MlflowException:  # made at the same moment by another run (a job of the same sweep)
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    return found.experiment_id

@@ -134,7 +134,9 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     start, history = prepared.start, list(prepared.history)
     config_dict = cfg.to_dict()
     logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
-                    wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names)
+                    wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
+                    mlflow_cfg=cfg.logger.mlflow)
+    logger.catch_up(history)
     reference = reference_for(cfg, task, run_dir, write=is_main, logger=logger)
     if reference is not None:  # the same state, scored against the reference
         task, evo = build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
@@ -182,7 +184,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                 ckpt.save(done, state, history, config_dict)
             if signum:
                 ckpt.close()
-                logger.finish()
+                logger.finish(stopped=True)
                 raise Interrupted(signum, done)
     ckpt.close()
     devices.barrier("finished")
@@ -191,7 +193,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                "last_mean": history[-1]["mean"] if history else None,
                "best_so_far": best_so_far,
                "median_fps": float(np.median([r["fps"] for r in history[start:]])) if history[start:] else None}
-    if is_main and logger.wandb_on:
+    if is_main and logger.tracking:
         logger.log_results(_figures(run_dir, logger, (cfg, task)), *_best_files(run_dir))
     logger.finish(summary)
     return summary
@@ -205,7 +207,7 @@ def _figures(run_dir: Path, logger: Logger, loaded: tuple) -> list[Path]:
     try:
         return inspect_run(run_dir, loaded=loaded)
     except (Exception, SystemExit) as err:  # inspect reports bad input by exiting
-        logger.message(f"note: no figures for wandb ({type(err).__name__}: {err})")
+        logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
         return []
 
 

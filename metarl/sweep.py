@@ -17,6 +17,9 @@ the last generation's mean fitness and its run directory. Each job records itsel
 ``SWEEP_DIR/jobs/<number>.json`` when it starts and ends, so the summary is the same whichever launcher
 ran the jobs, wherever (another process, another machine on a shared file system).
 
+With ``logger.mlflow.mode=enabled`` the sweep is an MLflow run too, with each job's run nested under
+it, and the summary's best values logged on it when the sweep ends (``open_mlflow_parent``).
+
 The task function Hydra calls returns the job's best fitness, so a sweeper that optimises (a Hydra
 sweeper plug-in such as Optuna's, set to maximise) can search over a run's settings.
 """
@@ -35,6 +38,7 @@ from typing import Optional
 from metarl import config as config_lib
 from metarl.evolve import CommandLine, fail, missing_experiment, refuse_chdir, unique_dir
 from metarl.launch import STOP_SIGNALS
+from metarl.logger import PARENT_RUN_ENV, MlflowRun
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -172,11 +176,11 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
     return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]], True
 
 
-def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir: Optional[str]) -> None:
+def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir: Optional[str]) -> list:
     """Compose and check every job as it will run, before any starts: its config, its run directory
     (new, or an earlier run of the same config), its task, devices and memory. Exits with one line on
     the first bad one, naming the job. Not ``known``: the settings the jobs share, without a run
-    directory (each job checks the rest when it starts)."""
+    directory (each job checks the rest when it starts). Returns the checked configs."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
     from omegaconf import open_dict
@@ -187,7 +191,7 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
     devices.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
     in_process = master.hydra.launcher.get("_target_") == BASIC_LAUNCHER
     shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
-    seen = {}
+    seen, checked_cfgs = {}, []
     for num, job in enumerate(jobs):
         swept = " ".join(user_form(o) for o in job if o not in shared)
         where = (f" (sweep job {num}" + (f": {swept})" if swept else ")")) if known else " (the sweep's settings)"
@@ -216,10 +220,45 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
             checked = evolve.check_run(cfg, setup_devices=False)
             if known:
                 _CHECKED[tuple(job)] = (cfg, checked.task)
+            checked_cfgs.append(cfg)
         except (config_lib.ConfigError, ValueError) as err:
             fail(str(err).splitlines()[0] + where)
         except (HydraException, OmegaConfBaseException) as err:
             fail(f"overrides: {str(err).strip().splitlines()[0]}{where}")
+    return checked_cfgs
+
+
+def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]) -> Optional[MlflowRun]:
+    """The sweep's MLflow run, when its jobs log to MLflow: the parent of their runs, which are nested
+    under it through ``PARENT_RUN_ENV`` (an environment variable, so that it reaches jobs that other
+    processes run). It holds, as parameters, the settings every job shares (known jobs only: another
+    sweeper's are not known in advance). A sweep continued in the same directory continues it."""
+    enabled = [cfg for cfg in cfgs if cfg.logger.mlflow.mode == "enabled"]
+    if not enabled:
+        return None
+    flat = [config_lib.flatten(cfg.to_dict()) for cfg in cfgs]
+    shared = {k: v for k, v in flat[0].items() if all(k in f and f[k] == v for f in flat[1:])} if known else {}
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    return MlflowRun.open(enabled[0].logger.mlflow, enabled[0].experiment, sweep_dir, sweep_dir.name, shared,
+                          {"metarl.sweep_dir": str(sweep_dir), "metarl.command": " ".join(argv)},
+                          lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
+
+
+def log_mlflow_summary(parent: MlflowRun, sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
+    """The summary on the sweep's MLflow run: the best job's best fitness (``best``), its number
+    (``best_job``) and last mean fitness (``best_job_last_mean``), its overrides (tag ``best_overrides``),
+    and ``summary.csv`` / ``summary.json`` as files."""
+    scored = [r for r in rows if r["best"] is not None and math.isfinite(r["best"])]
+    if scored:
+        best = max(scored, key=lambda r: r["best"])
+        values = {"best": best["best"], "best_job": best["job"]}
+        if best["last_mean"] is not None:
+            values["best_job_last_mean"] = best["last_mean"]
+        parent.log_metrics(values, step=0)
+        parent.set_tags({"best_overrides": best["overrides"]})
+    parent.log_files([sweep_dir / SUMMARY_CSV, sweep_dir / SUMMARY_JSON], None)
+    failed = any(r["exit_code"] != 0 for r in rows)
+    parent.finish("KILLED" if stopped else "FAILED" if failed else "FINISHED")
 
 
 def run(cli: CommandLine) -> int:
@@ -262,7 +301,7 @@ def run(cli: CommandLine) -> int:
     if (sweep_dir / config_lib.CONFIG_FILE).exists():
         fail(f"run_dir: {sweep_dir} holds a run, not a sweep; allowed: a new directory, or an earlier sweep's")
     jobs, known = _jobs(master)
-    check_jobs(app, master, jobs, known, experiments_dir)
+    cfgs = check_jobs(app, master, jobs, known, experiments_dir)
 
     # Everything is checked: the sweep's directory is made, then Hydra's sweeper runs the jobs.
     if not named:
@@ -274,6 +313,10 @@ def run(cli: CommandLine) -> int:
     count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
     print(f"sweep: {count} in {sweep_dir}", flush=True)
     stopped = None
+    outer_parent = os.environ.get(PARENT_RUN_ENV)
+    parent = open_mlflow_parent(cfgs, known, sweep_dir, cli.argv)
+    if parent is not None and parent.active:
+        os.environ[PARENT_RUN_ENV] = parent.run_id
     try:
         app.multirun(config_name=experiment, task_function=SweepJob(experiment, experiments_dir),
                      overrides=config_lib.hydra_overrides(overrides), with_log_configuration=False)
@@ -287,6 +330,11 @@ def run(cli: CommandLine) -> int:
         return 1
     finally:
         rows = write_summary(sweep_dir) if sweep_dir.is_dir() else []
+        if parent is not None:
+            log_mlflow_summary(parent, sweep_dir, rows, stopped is not None)
+            os.environ.pop(PARENT_RUN_ENV, None)
+            if outer_parent is not None:
+                os.environ[PARENT_RUN_ENV] = outer_parent
     codes = [r["exit_code"] for r in rows]
     failed = [r for r in rows if r["exit_code"] != 0]
     print(f"\nsweep {'stopped' if stopped else 'done'}: {len(rows)} job(s), {len(failed)} failed or unfinished; "
