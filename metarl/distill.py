@@ -5,7 +5,8 @@
    and the component's inputs are recorded at every minibatch: that is the range training visits.
 2. ``samples`` points are drawn there: half from the recorded inputs themselves (where training is),
    half uniformly over the box of their 0.5%-99.5% quantiles (so the edges count too); ``progress``
-   is uniform on [0, 1], and ``log_updates`` is held at its one value when all tasks share a horizon.
+   is uniform on [0, 1]; an input seen at one value only (``log_updates`` when all tasks share a
+   horizon) is held at it.
 3. Symbolic regression (pyoperon, NSGA-II over fit and length, one thread, seeded) fits formulas
    to the learned function there: for a value loss the loss itself, for a policy objective the
    learned part of LPO's drift (what the network adds inside relu(... + PPO's drift); for an
@@ -31,6 +32,7 @@ import dataclasses
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +51,9 @@ OPERATORS = "add,sub,mul,square,tanh,abs,exp,constant,variable"
 # How the inputs read in the figure's legend (error as δ, so that e stays Euler's number).
 LATEX_NAMES = {"error": r"\delta", "old_error": r"\delta_{old}", "target": r"\mathrm{target}", "ratio": "r",
                "advantage": "A", "progress": r"\mathrm{progress}", "log_updates": r"\mathrm{log\_updates}"}
+# The search sees these inputs less their centre: a ratio stays within a few percent of 1, and a formula
+# in ratio - 1 needs no two large numbers that cancel (which rounding would break).
+CENTRES = {"ratio": 1}
 FORMULA_TARGETS = {"value_loss": "metarl.inner_loops.components.FormulaValueLoss",
                    "policy_objective": "metarl.inner_loops.components.FormulaDrift"}
 
@@ -162,11 +167,13 @@ def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
         cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
         rows.append(np.stack(cols, axis=1))
 
+    from metarl import devices
+
     recorder = _Recording(task.component, sink)
-    key = jax.random.key(seed)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind: recorder})
-        jax.block_until_ready(jax.jit(train)(jax.random.fold_in(key, i), {task.kind: meta}))
+        args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind: meta})
+        jax.block_until_ready(devices.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
     table = np.concatenate(rows)
     if task.kind == "value_loss":
@@ -183,13 +190,14 @@ def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
 
 def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> tuple[dict, dict]:
     """``(points, ranges)``: ``samples`` points, half from the visited rows inside the quantile box and
-    half uniform over it; inputs not fitted sit at 0 (``fixed``: their one value). Fills ``problem.fixed``."""
+    half uniform over it. An input that training saw at one value only is held there (moved from
+    ``problem.variables`` to ``problem.fixed``); inputs not fitted sit at 0."""
     rng = np.random.default_rng(seed)
     ranges = {}
     for name in problem.variables:
         if name == "progress":
             ranges[name] = [0.0, 1.0]
-        elif name == "log_updates" and np.ptp(visited[name]) == 0:
+        elif np.ptp(visited[name]) == 0:  # one horizon; a ratio of 1 throughout with one epoch
             problem.fixed[name] = float(visited[name][0])
         else:
             low, high = np.quantile(visited[name], QUANTILES)
@@ -226,19 +234,28 @@ def search(X: np.ndarray, y: np.ndarray, max_size: int, evaluations: int, seed: 
 
 
 def readable(text: str, variables: tuple, scale: float):
-    """A searched formula (over x0, x1, ...) simplified with sympy, numbers to 4 significant digits,
-    additive numbers below 1e-3 of the function's scale dropped: the smallest of its forms as parsed,
-    expanded, with common factors pulled out and (without functions such as tanh) simplified."""
+    """A searched formula (over x0, x1, ... = the inputs less their ``CENTRES``) simplified with sympy,
+    numbers to 4 significant digits, additive numbers below 1e-3 of the function's scale dropped: the
+    smallest of its forms as parsed, expanded, with common factors pulled out and (without functions
+    such as tanh) simplified. The centres go back in after rounding, so that ``c (ratio - 1)`` keeps
+    both of its numbers equal."""
     import sympy
     from sympy.parsing.sympy_parser import convert_xor, parse_expr, standard_transformations
 
-    symbols = {f"x{i}": sympy.Symbol(n, real=True) for i, n in enumerate(variables)}
-    expr = parse_expr(text, local_dict={**symbols, "abs": sympy.Abs, "square": lambda a: a**2},
+    columns = [sympy.Symbol(f"x{i}", real=True) for i in range(len(variables))]
+    expr = parse_expr(text, local_dict={**{str(c): c for c in columns}, "abs": sympy.Abs, "square": lambda a: a**2},
                       transformations=standard_transformations + (convert_xor,))
     forms = [expr, sympy.expand(expr), sympy.factor_terms(expr)]
     if not expr.atoms(sympy.Function):  # sympy's simplify spends minutes on nested tanh and exp
         forms.append(sympy.simplify(expr))
-    return min((_rounded(f, scale) for f in forms), key=size)
+    forms = [_rounded(f, scale) for f in forms]
+    inputs = {c: sympy.Symbol(n, real=True) - CENTRES.get(n, 0) for c, n in zip(columns, variables)}
+    if any(n in CENTRES for n in variables):
+        with sympy.evaluate(False):  # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
+            forms = [f.xreplace(inputs) for f in forms]
+    else:
+        forms = [f.xreplace(inputs) for f in forms]
+    return min(forms, key=size)
 
 
 def _rounded(expr, scale: float):
@@ -246,7 +263,7 @@ def _rounded(expr, scale: float):
 
     def digits(x: float):
         r = float(f"{x:.{SIGNIFICANT_DIGITS}g}")
-        return sympy.Integer(int(r)) if r == int(r) else sympy.Float(r)
+        return sympy.Integer(int(r)) if r == int(r) and abs(r) < 1e4 else sympy.Float(r)
 
     expr = expr.xreplace({f: digits(float(f)) for f in expr.atoms(sympy.Float)})
     if isinstance(expr, sympy.Add):
@@ -281,38 +298,28 @@ def score(problem: Problem, expression: str, points: dict, y: np.ndarray) -> dic
     from metarl.inner_loops.components import formula_function, parse_formula
 
     names, fn = formula_function(parse_formula(expression, problem.inputs))
-    f = np.broadcast_to(np.asarray(fn(*(points[n].astype(np.float32) for n in names)), np.float64), y.shape)
+    with warnings.catch_warnings():  # a number beyond float32 becomes inf, and the formula is dropped
+        warnings.simplefilter("ignore", RuntimeWarning)
+        f = np.broadcast_to(np.asarray(fn(*(points[n].astype(np.float32) for n in names)), np.float64), y.shape)
     mse = float(np.mean((f - y) ** 2))
     return {"mse": mse, "nmse": mse / max(float(np.var(y)), 1e-12)}
 
 
-def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: int = 0,
-            evaluations: int = 200_000, samples: int = 2000) -> dict:
-    """Fit formulas to the run's learned component; returns (and writes) the report."""
+def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_000, samples: int = 2000):
+    """Formulas for ``task``'s learned component with ``meta``: ``(report, problem, visited)``, the
+    report holding the front (entries with size, nmse, expression, latex and the formula's component
+    config). A learned function that is not finite where training visits raises ValueError."""
     import sympy
 
-    from metarl import results
-    from metarl.checkpoints import CheckpointError
-    from metarl.config import ConfigError
-
-    run_dir = Path(run_dir)
-    t0 = time.perf_counter()
-    try:
-        cfg, task = results.load_run(run_dir)
-    except (CheckpointError, ConfigError) as err:
-        fail(str(err))
-    if task.kind not in FORMULA_TARGETS:
-        fail(f"component.kind: {task.kind} in {run_dir}; allowed: value_loss or policy_objective "
-             "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
-    meta, info = meta_params_at(run_dir, cfg, task, generation)
+    t = time.perf_counter()
     problem = problem_for(task)
     visited = visited_inputs(task, meta, problem, seed)
-    recorded_s = time.perf_counter() - t0
+    recorded_s = time.perf_counter() - t
     points, ranges = sample_points(visited, problem, samples, seed)
     y = learned_values(task, meta, points)
     if not np.all(np.isfinite(y)):
-        fail(f"{run_dir}: the learned {task.kind} is not finite where training visits; nothing to fit")
-    X = np.stack([points[n] for n in problem.variables], axis=1)
+        raise ValueError(f"the learned {task.kind} is not finite where training visits; nothing to fit")
+    X = np.stack([points[n] - CENTRES.get(n, 0) for n in problem.variables], axis=1)
 
     t = time.perf_counter()
     found = search(X, y, max_size, evaluations, seed)
@@ -328,31 +335,51 @@ def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: in
         latex = sympy.latex(expr, symbol_names={v: LATEX_NAMES[v.name] for v in expr.free_symbols})
         candidates.append({"size": size(expr), **score(problem, expression, points, y), "expression": expression,
                            "latex": latex, "component": formula_spec(problem, expression)})
-    front = pareto_front(candidates)
+    front = pareto_front([c for c in candidates if np.isfinite(c["nmse"])])
     for k, entry in enumerate(front):
         entry["k"] = k
     good = [e["k"] for e in front if e["nmse"] <= SUGGESTED_NMSE]
-    suggested = good[0] if good else front[-1]["k"]
-
     report = {
-        "run_dir": str(run_dir), "kind": task.kind, "component": type(task.component).__name__,
-        "generation": info.get("generation"), "fitness": info.get("fitness"), "from": str(generation),
-        "fitted": problem.fitted, "variables": list(problem.variables), "fixed": problem.fixed,
-        "ranges": ranges, "quantiles": list(QUANTILES), "samples": samples,
-        "recorded": len(next(iter(visited.values()))),
+        "kind": task.kind, "component": type(task.component).__name__, "fitted": problem.fitted,
+        "variables": list(problem.variables), "fixed": problem.fixed, "ranges": ranges,
+        "quantiles": list(QUANTILES), "samples": samples, "recorded": len(next(iter(visited.values()))),
         "search": {"library": f"pyoperon {_version('pyoperon')}", "operators": OPERATORS, "max_size": max_size,
                    "evaluations": evaluations, "seed": seed, "seconds": round(search_s, 2)},
         "recording_seconds": round(recorded_s, 2),
-        "suggested": suggested, "suggested_rule": f"the smallest formula with NMSE <= {SUGGESTED_NMSE}",
-        "front": front,
+        "suggested": good[0] if good else front[-1]["k"],
+        "suggested_rule": f"the smallest formula with NMSE <= {SUGGESTED_NMSE}", "front": front,
     }
-    from metarl import plots
+    return report, problem, visited
 
+
+def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: int = 0,
+            evaluations: int = 200_000, samples: int = 2000) -> dict:
+    """Fit formulas to the run's learned component; returns (and writes) the report."""
+    from metarl import plots, results
+    from metarl.checkpoints import CheckpointError
+    from metarl.config import ConfigError
+
+    run_dir = Path(run_dir)
+    t = time.perf_counter()
+    try:
+        cfg, task = results.load_run(run_dir)
+    except (CheckpointError, ConfigError) as err:
+        fail(str(err))
+    if task.kind not in FORMULA_TARGETS:
+        fail(f"component.kind: {task.kind} in {run_dir}; allowed: value_loss or policy_objective "
+             "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
+    meta, info = meta_params_at(run_dir, cfg, task, generation)
+    try:
+        report, problem, visited = fit(task, meta, max_size, seed, evaluations, samples)
+    except ValueError as err:
+        fail(f"{run_dir}: {err}")
+    report = {"run_dir": str(run_dir), "generation": info.get("generation"), "fitness": info.get("fitness"),
+              "from": str(generation), **report}
     fig = distill_figure(task, meta, problem, report, visited)
     report["figure"] = str(plots.save(fig, run_dir / FIGURES / FIGURE))
     (run_dir / DISTILL_JSON).write_text(json.dumps(report, indent=2))
     report["json"] = str(run_dir / DISTILL_JSON)
-    report["seconds"] = round(time.perf_counter() - t0, 2)
+    report["seconds"] = round(time.perf_counter() - t, 2)
     return report
 
 
@@ -423,26 +450,30 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     sides.append(("L2: 0.5 δ²", L2_VALUE_LOSS, {}, "baseline") if value_loss else
                  (f"PPO (clip_eps={float(config.clip_eps):g})", CLIPPED_SURROGATE, {}, "baseline"))
 
+    def side_fn(comp):
+        """Jitted ``(m, pts) -> (value, gradient w.r.t. the prediction or None)`` of one side."""
+        def fn(m, pts):
+            progress = _progress(pts) if getattr(comp, "temporal", False) else None
+            if not value_loss:
+                r, a = pts["ratio"], pts["advantage"]
+                return r * a - apply_component(comp, progress, m, r, a, config), None
+
+            def loss(v):
+                return apply_component(comp, progress, m, v, pts["target"] + pts["old_error"], pts["target"], config)
+
+            value = pts["target"] + pts["error"]
+            return loss(value), jax.grad(lambda v: loss(v).sum())(value)  # elementwise: each sample's own gradient
+        return jax.jit(fn)
+
+    fns = [side_fn(comp) for _, comp, _, _ in sides]
+
     def curves(fraction, **drawn_inputs):
         """Per side: (label, value, gradient w.r.t. the prediction or None, style) over the grid."""
         pts = {n: jnp.full(grid, v, jnp.float32) for n, v in base.items()}
         if fraction is not None:
             pts["progress"] = jnp.full(grid, fraction, jnp.float32)
         pts.update({k: jnp.asarray(v, jnp.float32) for k, v in drawn_inputs.items()})
-        out = []
-        for label, comp, m, style in sides:
-            progress = _progress(pts) if getattr(comp, "temporal", False) else None
-            if value_loss:
-                # Elementwise, so the gradient of the sum is each sample's own.
-                loss = lambda v: apply_component(comp, progress, m, v, pts["target"] + pts["old_error"],
-                                                 pts["target"], config)
-                value = pts["target"] + pts["error"]
-                out.append((label, np.asarray(loss(value)), np.asarray(jax.grad(lambda v: loss(v).sum())(value)),
-                            style))
-            else:
-                r, a = pts["ratio"], pts["advantage"]
-                out.append((label, np.asarray(r * a - apply_component(comp, progress, m, r, a, config)), None, style))
-        return out
+        return [(label, *jax.tree.map(np.asarray, fn(m, pts)), style) for fn, (label, _, m, style) in zip(fns, sides)]
 
     rows = []
     for fraction in ((0.0, 0.5, 1.0) if "progress" in problem.variables else (None,)):
