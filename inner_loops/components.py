@@ -12,6 +12,9 @@ A component with ``temporal = True`` is also given the agent's training progress
 ``progress`` (a ``Progress``: the fraction of updates done, and the log of the run's number of
 updates), so what it learns can change over training and with the horizon (as in TA-LPO).
 
+``FormulaValueLoss`` and ``FormulaDrift`` are closed forms (no meta-parameters), written by
+``python -m metarl.distill`` from a learned one.
+
 Write your own by subclassing nothing: any object with these two methods works. For example a Huber
 value loss::
 
@@ -284,22 +287,18 @@ def _evaluate_formula(names, fn, table: dict, like: jax.Array) -> jax.Array:
     return jnp.zeros_like(like) + fn(*(table[n] for n in names))
 
 
-@dataclasses.dataclass(frozen=True)
-class FormulaValueLoss:
-    """A value loss written as a formula of ``VALUE_LOSS_INPUTS`` (``error`` = value - target,
-    ``target``, ``old_error`` = old_value - target, and the temporal ``progress`` and
-    ``log_updates``), e.g. ``0.35*error**2 + 0.1*Abs(error)``; no meta-parameters.
+class _Formula:
+    """What a formula component shares: its ``expression`` over the names in ``INPUTS``, parsed once."""
 
-    A formula that uses a temporal input is temporal. ``python -m metarl.distill`` writes these."""
-
-    expression: str = "0.5*error**2"
+    INPUTS: tuple = ()
+    expression: str
 
     def __post_init__(self):
         self._function  # parsed and checked when built, so a bad formula fails with the config
 
     @functools.cached_property
     def _function(self):
-        return formula_function(parse_formula(self.expression, VALUE_LOSS_INPUTS))
+        return formula_function(parse_formula(self.expression, self.INPUTS))
 
     @property
     def temporal(self) -> bool:
@@ -307,6 +306,18 @@ class FormulaValueLoss:
 
     def init(self, key):
         return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class FormulaValueLoss(_Formula):
+    """A value loss written as a formula of ``VALUE_LOSS_INPUTS`` (``error`` = value - target,
+    ``target``, ``old_error`` = old_value - target, and the temporal ``progress`` and
+    ``log_updates``), e.g. ``0.35*error**2 + 0.1*Abs(error)``; no meta-parameters.
+
+    A formula that uses a temporal input is temporal. ``python -m metarl.distill`` writes these."""
+
+    INPUTS = VALUE_LOSS_INPUTS
+    expression: str = "0.5*error**2"
 
     def apply(self, meta_params, value, old_value, target, config=None, progress: Progress | None = None):
         names, fn = self._function
@@ -317,29 +328,16 @@ DRIFT_INPUTS = ("ratio", "advantage") + TEMPORAL_INPUTS
 
 
 @dataclasses.dataclass(frozen=True)
-class FormulaDrift:
+class FormulaDrift(_Formula):
     """A policy objective r A - drift with LPO's drift, relu(f [+ PPO's drift (r - clip(r)) A]), whose
     learned part f is a formula of ``DRIFT_INPUTS`` (``ratio``, ``advantage`` and the temporal
     ``progress`` and ``log_updates``) in place of LPO's network; no meta-parameters.
 
     ``ppo_init`` as in ``LPODrift``. ``python -m metarl.distill`` writes these."""
 
+    INPUTS = DRIFT_INPUTS
     expression: str = "0"
     ppo_init: bool = True
-
-    def __post_init__(self):
-        self._function  # parsed and checked when built, so a bad formula fails with the config
-
-    @functools.cached_property
-    def _function(self):
-        return formula_function(parse_formula(self.expression, DRIFT_INPUTS))
-
-    @property
-    def temporal(self) -> bool:
-        return any(name in TEMPORAL_INPUTS for name in self._function[0])
-
-    def init(self, key):
-        return {}
 
     def learned_part(self, meta_params, ratio, advantage, progress: Progress | None = None):
         table = {"ratio": ratio, "advantage": advantage}

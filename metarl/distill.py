@@ -18,7 +18,7 @@
 
 Prints the front, writes RUN_DIR/distill.json (the front; entry K is
 ``python -m metarl.evaluate RUN_DIR distilled=K``, and its ``component`` is the config of a
-``FormulaValueLoss`` / ``FormulaDrift`` any run or library code can use) and
+``FormulaValueLoss`` / ``FormulaDrift`` that ``metarl.evaluate`` and code of your own use) and
 RUN_DIR/figures/distill.png (the learned function, the chosen formulas and the baseline).
 
 ``generation=G`` distils the best member found up to generation G, read from that generation's
@@ -519,16 +519,16 @@ def format_report(report: dict) -> str:
     lines += ["", f"* suggested: {report['suggested_rule']} (NMSE = mean squared error / variance of the learned "
                   "function over the points)",
               f"compare on fresh seeds: python -m metarl.evaluate {report['run_dir']} distilled={report['suggested']}",
-              "use in a run or in code: " + " ".join(
-                  f"component.{k}={_quoted(v)}" for k, v in report["front"][report["suggested"]]["component"].items()
-                  if k != "kind"),
+              f"in code: {_constructor(report['front'][report['suggested']]['component'])}",
               f"wrote {report['json']}", f"wrote {report['figure']}"]
     return "\n".join(lines)
 
 
-def _quoted(value) -> str:
-    text = str(value).lower() if isinstance(value, bool) else str(value)
-    return f"'{text}'" if any(c in text for c in " *()") else text
+def _constructor(spec: dict) -> str:
+    """``from MODULE import CLASS; CLASS(arguments)`` of a formula's component config."""
+    module, _, name = spec["_target_"].rpartition(".")
+    args = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k not in ("kind", "_target_"))
+    return f"from {module} import {name}; {name}({args})"
 
 
 def _generation_arg(value: str):

@@ -259,7 +259,10 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
 
     ``setup_devices``: join the run's processes (``devices.setup``) first, as a run must before any
     JAX computation; a sweep checking its jobs before they start does not. ``task``: already built."""
+    import jax
+
     from metarl import devices
+    from metarl.config import ConfigError
     from metarl.tasks import build_task, check_memory
 
     local_launch = devices.needs_local_launch(cfg.devices, cfg.es.popsize)
@@ -267,6 +270,11 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
         devices.setup(cfg.devices, cfg.es.popsize)  # before any JAX computation
     cfg.es.validate()
     task = task or build_task(cfg)
+    if not jax.tree.leaves(task.template):
+        raise ConfigError(f"component._target_: {type(task.component).__name__} has no meta-parameters (its init "
+                          "returns an empty pytree), so there is nothing to evolve; allowed: a component with "
+                          "meta-parameters (a fixed one, such as a distilled formula, trains through "
+                          "`python -m metarl.evaluate RUN_DIR distilled=K` or in code)")
     num_processes = devices.distributed_settings(cfg.devices, cfg.es.popsize)[0]
     if local_launch:
         devices.check_divides(cfg.es.popsize, num_processes)  # one CPU device per process

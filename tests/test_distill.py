@@ -14,6 +14,7 @@ from test_inspect import check_image
 
 from metarl import distill, evaluate, inspect, plugins, results
 from metarl.config import ConfigError
+from metarl.evolve import check_run
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, VALUE_LOSS_INPUTS, FormulaDrift,
                                            FormulaValueLoss, Progress, parse_formula)
 from metarl.inner_loops.ppo import PPOConfig
@@ -151,3 +152,10 @@ def test_refusals_are_one_line(run, tmp_path, capsys):
     for name in ("config.yaml", "best_meta_params.msgpack", "best_meta_params.json"):
         (copy / name).write_bytes((run / name).read_bytes())
     assert "distill.json does not exist" in _exit_2(evaluate.main, [str(copy), "distilled=0"], capsys)
+    (copy / distill.DISTILL_JSON).write_text(json.dumps({"front": [{"k": 0}, {"k": 1}]}))
+    assert "distilled: 99; allowed: 0 to 1" in _exit_2(evaluate.main, [str(copy), "distilled=99"], capsys)
+    # A formula has nothing to evolve: the run is refused before it starts.
+    cfg = results.load_config(run)
+    formula = {"kind": "value_loss", "_target_": distill.FORMULA_TARGETS["value_loss"], "expression": "error**2"}
+    with pytest.raises(ConfigError, match="^component._target_: FormulaValueLoss has no meta-parameters"):
+        check_run(dataclasses.replace(cfg, component=formula), setup_devices=False)
