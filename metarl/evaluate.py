@@ -406,7 +406,7 @@ def format_report(report: dict) -> str:
     lines.append("")
     ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"
     for name, a in report["aggregate"].items():
-        for side, agg in ((learned, a), *((formula[0], a["formula"]) for _ in formula)):
+        for side, agg in (("learned", a), *((formula[0], a["formula"]) for _ in formula)):
             lines.append(f"{name} ({agg['tasks']} task(s)): IQM of normalised scores {side} {agg['iqm_learned']:.3f} "
                          f"{ci(agg['iqm_learned_ci95'])} vs baseline {agg['iqm_baseline']:.3f} "
                          f"{ci(agg['iqm_baseline_ci95'])}; P({side} > baseline) = "
