@@ -12,6 +12,9 @@ A component with ``temporal = True`` is also given the agent's training progress
 ``progress`` (a ``Progress``: the fraction of updates done, and the log of the run's number of
 updates), so what it learns can change over training and with the horizon (as in TA-LPO).
 
+``FormulaValueLoss`` and ``FormulaDrift`` are closed forms (no meta-parameters), written by
+``python -m metarl.distill`` from a learned one.
+
 Write your own by subclassing nothing: any object with these two methods works. For example a Huber
 value loss::
 
@@ -23,6 +26,7 @@ value loss::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple, Protocol
 
 import flax.linen as nn
@@ -117,6 +121,14 @@ class _TanhMLP(nn.Module):
 VALUE_LOSS_INPUTS = ("error", "target", "old_error") + TEMPORAL_INPUTS
 
 
+def value_loss_inputs(value, old_value, target, progress: Progress | None = None) -> dict:
+    """A value loss's inputs by name (``VALUE_LOSS_INPUTS``); the temporal ones only with ``progress``."""
+    table = {"error": value - target, "target": target, "old_error": old_value - target}
+    if progress is not None:
+        table.update(zip(TEMPORAL_INPUTS, _temporal_features(TEMPORAL_INPUTS, progress, value)))
+    return table
+
+
 def _check_hidden(hidden) -> tuple:
     hidden = tuple(hidden) if isinstance(hidden, (list, tuple)) else hidden
     if (not isinstance(hidden, tuple) or not hidden
@@ -160,9 +172,7 @@ class MLPValueLoss:
         return any(name in TEMPORAL_INPUTS for name in self.inputs)
 
     def features(self, value, old_value, target, progress: Progress | None = None):
-        table = {"error": value - target, "target": target, "old_error": old_value - target}
-        if self.temporal:
-            table.update(zip(TEMPORAL_INPUTS, _temporal_features(TEMPORAL_INPUTS, progress, value)))
+        table = value_loss_inputs(value, old_value, target, progress if self.temporal else None)
         return jnp.stack([table[name] for name in self.inputs], axis=-1)
 
     def apply(self, meta_params, value, old_value, target, config=None, progress: Progress | None = None):
@@ -170,6 +180,14 @@ class MLPValueLoss:
         if self.residual:
             loss = loss + 0.5 * jnp.square(value - target)
         return loss
+
+
+def drift_from(learned, ratio, advantage, config, ppo_init: bool):
+    """LPO's drift from its learned part: relu(learned [+ PPO's drift (r - clip(r)) A])."""
+    if ppo_init:
+        clipped = jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
+        learned = learned + (ratio - clipped) * advantage
+    return jax.nn.relu(learned)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,12 +230,125 @@ class LPODrift:
         extra = [f[..., None] for f in _temporal_features(self.inputs, progress, ratio)] if self.inputs else []
         return jnp.concatenate([base, base * advantage[..., None], *extra], axis=-1)
 
+    def learned_part(self, meta_params, ratio, advantage, progress: Progress | None = None):
+        """What the network adds inside the relu: the drift before PPO's term and the relu."""
+        return self.net.apply(meta_params, self.features(ratio, advantage, progress)) - 1e-4
+
     def drift(self, meta_params, ratio, advantage, config, progress: Progress | None = None):
-        raw = self.net.apply(meta_params, self.features(ratio, advantage, progress)) - 1e-4
-        if self.ppo_init:
-            clipped = jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps)
-            raw = raw + (ratio - clipped) * advantage
-        return jax.nn.relu(raw)
+        return drift_from(self.learned_part(meta_params, ratio, advantage, progress), ratio, advantage, config,
+                          self.ppo_init)
+
+    def apply(self, meta_params, ratio, advantage, config, progress: Progress | None = None):
+        return ratio * advantage - self.drift(meta_params, ratio, advantage, config, progress)
+
+
+# --- closed forms (what `python -m metarl.distill` reads off a learned component) -----------------
+
+def parse_formula(expression, allowed: tuple, field: str = "expression"):
+    """``expression`` as a sympy expression of the variables ``allowed``; a ValueError names ``field``.
+
+    sympy is imported here, not with this module: only formula components need it (the ``distill`` extra)."""
+    try:
+        import sympy
+        from sympy.core.function import AppliedUndef
+        from sympy.parsing.sympy_parser import parse_expr
+    except ImportError:
+        raise ValueError(f"{field}: a formula needs sympy; allowed: after `pip install metarl[distill]`") from None
+    if not isinstance(expression, str) or not expression.strip():
+        raise ValueError(f"{field}: {expression!r}; allowed: a formula of {', '.join(allowed)} as text")
+    symbols = {name: sympy.Symbol(name, real=True) for name in allowed}
+    try:
+        expr = sympy.sympify(parse_expr(expression, local_dict=symbols))
+    except Exception as err:  # sympy's parser raises many types for text that is no formula
+        raise ValueError(f"{field}: {expression!r} is not a formula ({type(err).__name__}); allowed: a formula "
+                         f"of {', '.join(allowed)} such as 0.5*error**2") from None
+    unknown = sorted({str(s) for s in expr.free_symbols} - set(allowed))
+    undefined = sorted({type(f).__name__ for f in expr.atoms(AppliedUndef)})
+    if unknown or undefined or not isinstance(expr, sympy.Expr):
+        what = f"unknown variable {unknown[0]}" if unknown else (
+            f"unknown function {undefined[0]}" if undefined else "not a number-valued formula")
+        raise ValueError(f"{field}: {expression!r} has {what}; allowed: a formula of {', '.join(allowed)} "
+                         "with sympy's functions (exp, log, tanh, Abs, sqrt, Max, Min, ...)")
+    return expr
+
+
+def formula_function(expr) -> tuple[tuple, Any]:
+    """``(names, fn)``: ``fn(*inputs named by names)`` evaluates the sympy ``expr`` with jax.numpy, so it
+    can be jitted, vmapped and differentiated."""
+    import sympy
+
+    names = tuple(sorted(str(s) for s in expr.free_symbols))
+    fn = sympy.lambdify([sympy.Symbol(n, real=True) for n in names], expr, modules="jax")
+    return names, fn
+
+
+def _evaluate_formula(names, fn, table: dict, like: jax.Array) -> jax.Array:
+    # Added to zeros like the input: a formula that leaves an input out still gives one value per sample.
+    return jnp.zeros_like(like) + fn(*(table[n] for n in names))
+
+
+class _Formula:
+    """What a formula component shares: its ``expression`` over the names in ``INPUTS``, parsed once."""
+
+    INPUTS: tuple = ()
+    expression: str
+
+    def __post_init__(self):
+        self._function  # parsed and checked when built, so a bad formula fails with the config
+
+    @functools.cached_property
+    def _function(self):
+        return formula_function(parse_formula(self.expression, self.INPUTS))
+
+    @property
+    def temporal(self) -> bool:
+        return any(name in TEMPORAL_INPUTS for name in self._function[0])
+
+    def init(self, key):
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class FormulaValueLoss(_Formula):
+    """A value loss written as a formula of ``VALUE_LOSS_INPUTS`` (``error`` = value - target,
+    ``target``, ``old_error`` = old_value - target, and the temporal ``progress`` and
+    ``log_updates``), e.g. ``0.35*error**2 + 0.1*Abs(error)``; no meta-parameters.
+
+    A formula that uses a temporal input is temporal. ``python -m metarl.distill`` writes these."""
+
+    INPUTS = VALUE_LOSS_INPUTS
+    expression: str = "0.5*error**2"
+
+    def apply(self, meta_params, value, old_value, target, config=None, progress: Progress | None = None):
+        names, fn = self._function
+        return _evaluate_formula(names, fn, value_loss_inputs(value, old_value, target, progress), value)
+
+
+DRIFT_INPUTS = ("ratio", "advantage") + TEMPORAL_INPUTS
+
+
+@dataclasses.dataclass(frozen=True)
+class FormulaDrift(_Formula):
+    """A policy objective r A - drift with LPO's drift, relu(f [+ PPO's drift (r - clip(r)) A]), whose
+    learned part f is a formula of ``DRIFT_INPUTS`` (``ratio``, ``advantage`` and the temporal
+    ``progress`` and ``log_updates``) in place of LPO's network; no meta-parameters.
+
+    ``ppo_init`` as in ``LPODrift``. ``python -m metarl.distill`` writes these."""
+
+    INPUTS = DRIFT_INPUTS
+    expression: str = "0"
+    ppo_init: bool = True
+
+    def learned_part(self, meta_params, ratio, advantage, progress: Progress | None = None):
+        table = {"ratio": ratio, "advantage": advantage}
+        if progress is not None:
+            table.update(zip(TEMPORAL_INPUTS, _temporal_features(TEMPORAL_INPUTS, progress, ratio)))
+        names, fn = self._function
+        return _evaluate_formula(names, fn, table, ratio)
+
+    def drift(self, meta_params, ratio, advantage, config, progress: Progress | None = None):
+        return drift_from(self.learned_part(meta_params, ratio, advantage, progress), ratio, advantage, config,
+                          self.ppo_init)
 
     def apply(self, meta_params, ratio, advantage, config, progress: Progress | None = None):
         return ratio * advantage - self.drift(meta_params, ratio, advantage, config, progress)

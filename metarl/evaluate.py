@@ -1,6 +1,8 @@
-"""``python -m metarl.evaluate RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_processes=auto]``:
-the learned component against the hand-designed baseline on fresh seeds, on the tasks the run trained
-on and on its held-out ``eval_tasks`` (or on ``tasks=[...]``, or on one ``env``/``total_timesteps``).
+"""``python -m metarl.evaluate RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_processes=auto]
+[distilled=K]``: the learned component against the hand-designed baseline on fresh seeds, on the tasks the
+run trained on and on its held-out ``eval_tasks`` (or on ``tasks=[...]``, or on one ``env``/``total_timesteps``).
+With ``distilled=K`` formula K of the run's ``metarl.distill`` front (RUN_DIR/distill.json) is a third
+side, trained on the same keys and scored against the baseline as the learned side is.
 
 Prints one table (task, trained-on or held-out, learned and baseline mean with 95% CIs, the learned
 side's normalised score, Welch's p) and, per split, rliable's interquartile mean of the normalised
@@ -13,7 +15,7 @@ hyperparameter search), each side in one vmapped, jitted call (the learned compo
 hyperparameters applied as they are), plus a random policy. The final return is the mean episode
 return over the last 10% of updates; the JSON also holds Mann-Whitney U tests. Writes
 RUN_DIR/evaluation[SUFFIX].json and RUN_DIR/figures/evaluation[SUFFIX]*.png (a suffix names env,
-total_timesteps or a tasks list, so evaluations at other settings never overwrite each other). On a CPU the agents are split over one
+total_timesteps, a tasks list or the formula, so evaluations at other settings never overwrite each other). On a CPU the agents are split over one
 process per usable core (``num_processes=auto``, the default; ``num_processes=1`` keeps one).
 
 Seeds: agent i trains from ``fold_in(key(10_000), i)``. Evolution draws every key by ``split`` from
@@ -105,9 +107,15 @@ def side_labels(task) -> list[str]:
     return [f"learned {task.kind}", baseline_label(task)]
 
 
-def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None):
+def formula_label(k: int) -> str:
+    return f"formula {k}"
+
+
+def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None,
+          distilled: int | None = None):
     """The run's config, the evaluation's task (every task it evaluates, in order), which of them the
-    run trained on, its best meta-params and their info.
+    run trained on, its best meta-params and their info, and with ``distilled`` the formula's
+    ``(front entry, task with the formula component)`` (else None).
 
     Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task; else the run's own
     tasks followed by its held-out ``eval_tasks``."""
@@ -135,19 +143,27 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
         raw, info = checkpoints.read_best(run_dir)
         meta = serialization.from_state_dict(task.template, raw)
         trained_keys = {_spec_key(s) for s in task_specs(cfg)}
+        formula = None
+        if distilled is not None:
+            from metarl.distill import load_formula
+            from metarl.tasks import build_task
+
+            entry = load_formula(run_dir, distilled)
+            formula = entry, build_task(dataclasses.replace(cfg, component=entry["component"]), task.specs)
     except (ConfigError, checkpoints.CheckpointError) as err:
         fail(str(err))
     on_train = [_spec_key(s) in trained_keys for s in task.specs]
-    return cfg, task, on_train, meta, info
+    return cfg, task, on_train, meta, info, formula
 
 
 def _spec_key(spec) -> tuple:
     return spec.env, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
 
 
-def _train_sides(task, meta, keys):
-    """Per task, learning curves ``(seeds, updates)`` of the learned side and of the baseline on
-    ``keys`` (each one vmapped, jitted call), and the random policy's return per seed; returns
+def _train_sides(task, meta, keys, formula=None):
+    """Per task, learning curves ``(seeds, updates)`` of the learned side, of the baseline and of the
+    ``formula`` (``_load``'s, if any) on ``keys`` (each one vmapped, jitted call), and the random
+    policy's return per seed; returns
     ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds)."""
     import jax
 
@@ -160,6 +176,10 @@ def _train_sides(task, meta, keys):
         programs[(spec.name, learned)] = lambda k, i=i: task.make_train(meta, i)(k)[1]["episode_return"]
         programs[(spec.name, baseline)] = lambda k, i=i: task.baselines[i](k)[1]["episode_return"]
         programs[(spec.name, "random")] = lambda k, env=spec.env: random_policy_return(env, k)
+        if formula is not None:
+            entry, formula_task = formula
+            programs[(spec.name, formula_label(entry["k"]))] = (
+                lambda k, i=i: formula_task.make_train({}, i)(k)[1]["episode_return"])
     # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
     t = time.perf_counter()
     lowered = {key: jax.jit(jax.vmap(fn)).lower(keys) for key, fn in programs.items()}
@@ -191,18 +211,18 @@ def _process_count(num_processes, num_seeds: int) -> int:
 
 def _worker(job):
     """One process's share: agents ``start:stop`` of every task and side, pinned to its own cores."""
-    run_dir, env, total_timesteps, tasks, num_seeds, start, stop, cores = job
+    run_dir, env, total_timesteps, tasks, distilled, num_seeds, start, stop, cores = job
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)  # before JAX starts XLA's thread pool in this fresh process
     from metarl import devices
 
     devices.enable_compilation_cache()
-    cfg, task, _, meta, _ = _load(Path(run_dir), env, total_timesteps, tasks)
+    cfg, task, _, meta, _, formula = _load(Path(run_dir), env, total_timesteps, tasks, distilled)
     _, keys = eval_keys(cfg.seed, num_seeds)
-    return _train_sides(task, meta, keys[start:stop])
+    return _train_sides(task, meta, keys[start:stop], formula)
 
 
-def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, num_seeds):
+def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, distilled, num_seeds):
     """The agents split into ``processes`` contiguous blocks, one fresh process each, pinned to its own
     cores before JAX starts (XLA sizes its thread pools by them), as ``metarl.launch`` does for a run.
     Agent i still trains from key i, so the results do not depend on the split."""
@@ -211,7 +231,7 @@ def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, n
     from metarl.launch import core_sets
 
     bounds = np.linspace(0, num_seeds, processes + 1).round().astype(int)
-    jobs = [(str(run_dir), env, total_timesteps, tasks, num_seeds, int(a), int(b), cores)
+    jobs = [(str(run_dir), env, total_timesteps, tasks, distilled, num_seeds, int(a), int(b), cores)
             for (a, b), cores in zip(zip(bounds[:-1], bounds[1:]), core_sets(processes))]
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         parts = pool.map(_worker, jobs)
@@ -260,42 +280,48 @@ def _aggregate(learned, baseline, reps, rng_state) -> dict:
 
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_processes: int | str = "auto",
-             tasks: list | None = None) -> dict:
+             tasks: list | None = None, distilled: int | None = None) -> dict:
     from metarl import plots
 
     run_dir = Path(run_dir)
-    cfg, task, on_train, meta, info = _load(run_dir, env, total_timesteps, tasks)
+    cfg, task, on_train, meta, info, formula = _load(run_dir, env, total_timesteps, tasks, distilled)
     root, keys = eval_keys(cfg.seed, num_seeds)
     processes = _process_count(num_processes, num_seeds)
     if processes == 1:
-        curves, seconds, compile_s = _train_sides(task, meta, keys)
+        curves, seconds, compile_s = _train_sides(task, meta, keys, formula)
     else:
         curves, seconds, compile_s = _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks,
-                                                               num_seeds)
+                                                               distilled, num_seeds)
 
     learned_label, baseline_lbl = side_labels(task)
-    rows, normalized = [], {True: ([], []), False: ([], [])}
+    labels = [learned_label, baseline_lbl] + ([formula_label(distilled)] if formula else [])
+    rows, normalized = [], {True: {label: [] for label in labels}, False: {label: [] for label in labels}}
     for spec, inner, trained in zip(task.specs, task.inner_configs, on_train):
         c = curves[spec.name]
-        finals = {label: final_return(c[label]) for label in (learned_label, baseline_lbl)}
+        finals = {label: final_return(c[label]) for label in labels}
         base_mean = float(np.nanmean(finals[baseline_lbl]))
         random_mean = float(np.mean(c["random"]))
         norm = {label: normalized_scores(f, base_mean, random_mean) for label, f in finals.items()}
-        normalized[trained][0].append(norm[learned_label])
-        normalized[trained][1].append(norm[baseline_lbl])
-        rows.append({"task": spec.name, "env": spec.env, "split": "trained-on" if trained else "held-out",
-                     "total_timesteps": int(getattr(inner, "total_timesteps", 0)),
-                     "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]}
-                               for label, f in finals.items()},
-                     "random_return": random_mean,
-                     "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
-                     "normalized_ci95": {label: [float(b) for b in t_interval(v)] for label, v in norm.items()},
-                     "test": compare(finals[learned_label], finals[baseline_lbl])})
+        for label in labels:
+            normalized[trained][label].append(norm[label])
+        row = {"task": spec.name, "env": spec.env, "split": "trained-on" if trained else "held-out",
+               "total_timesteps": int(getattr(inner, "total_timesteps", 0)),
+               "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]}
+                         for label, f in finals.items()},
+               "random_return": random_mean,
+               "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
+               "normalized_ci95": {label: [float(b) for b in t_interval(v)] for label, v in norm.items()},
+               "test": compare(finals[learned_label], finals[baseline_lbl])}
+        if formula:
+            row["test_formula"] = compare(finals[labels[2]], finals[baseline_lbl])
+        rows.append(row)
     aggregates = {}
     for trained, name in ((False, "held-out"), (True, "trained-on")):
-        learned_scores, baseline_scores = normalized[trained]
-        if learned_scores:
-            aggregates[name] = aggregate(np.stack(learned_scores, axis=1), np.stack(baseline_scores, axis=1))
+        scores_of = {label: np.stack(v, axis=1) for label, v in normalized[trained].items() if v}
+        if scores_of:
+            aggregates[name] = aggregate(scores_of[learned_label], scores_of[baseline_lbl])
+            if formula:
+                aggregates[name]["formula"] = aggregate(scores_of[labels[2]], scores_of[baseline_lbl])
 
     report = {
         "run_dir": str(run_dir), "kind": task.kind, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
@@ -305,22 +331,27 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "normalized": "(R - random policy) / (baseline mean - random policy), per task",
         "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
     }
+    if formula:
+        entry = formula[0]
+        report["formula"] = {"k": distilled, "label": labels[2], "expression": entry["expression"],
+                             "size": entry["size"], "nmse": entry["nmse"], "component": entry["component"]}
     if task.kind == "hyperparams":
         report["learned_values"] = {k: float(v) for k, v in task.component.decode(meta).items()}
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in task.component.names}
 
-    suffix = _suffix(env, total_timesteps, tasks, task)
+    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_distilled{distilled}" if formula else "")
     for i, (spec, row) in enumerate(zip(task.specs, rows)):
         n_updates = curves[spec.name][learned_label].shape[1]
         frames = np.arange(1, n_updates + 1) * (row["total_timesteps"] / n_updates)
-        sides = {label: curves[spec.name][label] for label in (learned_label, baseline_lbl)}
+        sides = {label: curves[spec.name][label] for label in labels}
         fig = plots.learning_curves_figure(
             frames, sides, lambda c: t_interval(c, axis=0),
             f"{task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {num_seeds} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir / FIGURES / name))
     if len(rows) > 1:
-        fig = plots.task_scores_figure(rows, aggregates, learned_label, baseline_lbl)
+        fig = plots.task_scores_figure(rows, aggregates, learned_label, baseline_lbl,
+                                       labels[2] if formula else None)
         report["figure"] = str(plots.save(fig, run_dir / FIGURES / f"evaluation{suffix}.png"))
     else:
         report["figure"] = rows[0]["figure"]
@@ -348,23 +379,39 @@ def format_report(report: dict) -> str:
     lines = [f"{report['kind']} from {report['run_dir']} (best of generation {report['best_generation']}): "
              f"{report['num_seeds']} fresh seeds per side and task (fold_in(key({report['key_root']}), i))",
              f"final return = {report['statistic']}; normalised = {report['normalized']}", ""]
-    learned, baseline = list(report["tasks"][0]["sides"])
+    learned, baseline, *formula = list(report["tasks"][0]["sides"])
+    if formula:
+        f = report["formula"]
+        lines.insert(2, f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
+                        "learned function; python -m metarl.distill)")
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
-    lines.append(f"{'task':<{width}}{'split':<12}{'learned [95% CI]':<28}{'baseline [95% CI]':<28}"
-                 f"{'normalised':>11}{'p (Welch)':>11}")
+    head = f"{'task':<{width}}{'split':<12}{'learned [95% CI]':<28}"
+    head += f"{formula[0] + ' [95% CI]':<28}" if formula else ""
+    head += f"{'baseline [95% CI]':<28}{'normalised':>11}{'p (Welch)':>11}"
+    if formula:  # the learned side's and the formula's normalised score and Welch's p against the baseline
+        head = head.replace(f"{'normalised':>11}{'p (Welch)':>11}", f"{'norm. learned':>15}{'p learned':>11}")
+        head += f"{'norm. formula':>15}{'p formula':>11}"
+    lines.append(head)
     for r in report["tasks"]:
         cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (
             f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
-        lines.append(f"{r['task']:<{width}}{r['split']:<12}{cell(r['sides'][learned]):<28}"
-                     f"{cell(r['sides'][baseline]):<28}{r['normalized'][learned]:>11.3f}{r['test']['welch_p']:>11.3g}")
+        line = f"{r['task']:<{width}}{r['split']:<12}{cell(r['sides'][learned]):<28}"
+        line += f"{cell(r['sides'][formula[0]]):<28}" if formula else ""
+        score_width = 15 if formula else 11
+        line += (f"{cell(r['sides'][baseline]):<28}{r['normalized'][learned]:>{score_width}.3f}"
+                 f"{r['test']['welch_p']:>11.3g}")
+        if formula:
+            line += f"{r['normalized'][formula[0]]:>15.3f}{r['test_formula']['welch_p']:>11.3g}"
+        lines.append(line)
     lines.append("")
+    ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"
     for name, a in report["aggregate"].items():
-        ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"
-        lines.append(f"{name} ({a['tasks']} task(s)): IQM of normalised scores learned {a['iqm_learned']:.3f} "
-                     f"{ci(a['iqm_learned_ci95'])} vs baseline {a['iqm_baseline']:.3f} {ci(a['iqm_baseline_ci95'])}; "
-                     f"P(learned > baseline) = {a['probability_of_improvement']:.3f} "
-                     f"{ci(a['probability_of_improvement_ci95'])}")
-    lines.append(f"({learned} vs {baseline}; stratified bootstrap CIs from rliable)")
+        for side, agg in (("learned", a), *((formula[0], a["formula"]) for _ in formula)):
+            lines.append(f"{name} ({agg['tasks']} task(s)): IQM of normalised scores {side} {agg['iqm_learned']:.3f} "
+                         f"{ci(agg['iqm_learned_ci95'])} vs baseline {agg['iqm_baseline']:.3f} "
+                         f"{ci(agg['iqm_baseline_ci95'])}; P({side} > baseline) = "
+                         f"{agg['probability_of_improvement']:.3f} {ci(agg['probability_of_improvement_ci95'])}")
+    lines.append(f"({' and '.join([learned, *formula])} vs {baseline}; stratified bootstrap CIs from rliable)")
     if "learned_values" in report:
         lines.append("hyperparameters (learned | baseline): " + ", ".join(
             f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))
@@ -395,10 +442,20 @@ def _tasks_arg(value: str) -> list:
 _tasks_arg.expected = "non-empty list such as [CartPole-v1,Acrobot-v1]"
 
 
+def _distilled_arg(value: str) -> int:
+    if int(value) < 0:
+        raise ValueError(value)
+    return int(value)
+
+
+_distilled_arg.expected = "formula number K >= 0 of the run's distill.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, opts = parse_args(argv, {"env": (str, None), "num_seeds": (int, 32), "total_timesteps": (int, None),
-                                      "num_processes": (_processes_arg, "auto"), "tasks": (_tasks_arg, None)})
+                                      "num_processes": (_processes_arg, "auto"), "tasks": (_tasks_arg, None),
+                                      "distilled": (_distilled_arg, None)})
     if opts["tasks"] is not None and (opts["env"] or opts["total_timesteps"]):
         fail("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
     if opts["num_seeds"] < 2:
@@ -406,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts["total_timesteps"] is not None and opts["total_timesteps"] <= 0:
         fail(f"total_timesteps: {opts['total_timesteps']}; allowed: > 0")
     report = evaluate(run_dir, opts["env"], opts["num_seeds"], opts["total_timesteps"], opts["num_processes"],
-                      opts["tasks"])
+                      opts["tasks"], opts["distilled"])
     print(format_report(report))
     return 0
 

@@ -262,6 +262,7 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
     import jax
 
     from metarl import devices
+    from metarl.config import ConfigError
     from metarl.logger import check_mlflow_installed
     from metarl.tasks import build_task, check_memory
 
@@ -271,6 +272,11 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
         devices.setup(cfg.devices, cfg.es.popsize)  # before any JAX computation
     cfg.es.validate()
     task = task or build_task(cfg)
+    if not jax.tree.leaves(task.template):
+        raise ConfigError(f"component._target_: {type(task.component).__name__} has no meta-parameters (its init "
+                          "returns an empty pytree), so there is nothing to evolve; allowed: a component with "
+                          "meta-parameters (a fixed one, such as a distilled formula, trains through "
+                          "`python -m metarl.evaluate RUN_DIR distilled=K` or in code)")
     num_processes = devices.distributed_settings(cfg.devices, cfg.es.popsize)[0]
     if local_launch:  # each process gets this one's CPU devices (one, unless JAX_NUM_CPU_DEVICES says more)
         devices.check_divides(cfg.es.popsize, num_processes * jax.local_device_count())

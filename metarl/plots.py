@@ -199,6 +199,59 @@ def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: n
     return fig
 
 
+# --- distilled formulas -------------------------------------------------------------------------------
+
+FORMULA_COLOURS = ("tab:green", "tab:red", "tab:purple", "tab:brown")
+
+
+def math_label(latex: str, limit: int = 110) -> str:
+    """``$latex$`` when matplotlib's mathtext reads it and it is short enough for a legend line, else ""."""
+    from matplotlib.mathtext import MathTextParser
+
+    if len(latex) > limit:
+        return ""
+    try:
+        MathTextParser("path").parse(f"${latex}$")
+    except ValueError:
+        return ""
+    return f"${latex}$"
+
+
+def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, note: str = "") -> Figure:
+    """A grid of line panels over ``x``: ``rows`` of panels ``{title, ylabel, curves: [(label, y, style)]}``
+    with style ``learned`` (solid), ``formula`` (dashed, one colour each) or ``baseline``; one legend below.
+    Where the baseline's scale differs from the learned curve's by over 5x, the learned curve and the
+    formulas get their own right axis."""
+    ncols = max(len(r) for r in rows)
+    fig = new_figure(5.5 * ncols, 3.6 * len(rows) + 1.2)
+    handles = {}
+    for i, row in enumerate(rows):
+        for j, panel in enumerate(row):
+            ax = fig.add_subplot(len(rows), ncols, i * ncols + j + 1)
+            by_style = {style: [(label, y) for label, y, s in panel["curves"] if s == style]
+                        for style in ("learned", "formula", "baseline")}
+            for label, y in by_style["baseline"]:
+                handles[label] = ax.plot(x, y, color=BASELINE, lw=1.5)[0]
+            target, twinned = ax, False
+            if by_style["baseline"] and by_style["learned"]:
+                target, twinned = _twin_if_needed(ax, by_style["learned"][0][1], by_style["baseline"][0][1])
+            for label, y in by_style["learned"]:
+                handles[label] = target.plot(x, y, color=LEARNED, lw=2.5)[0]
+            for k, (label, y) in enumerate(by_style["formula"]):
+                handles[label] = target.plot(x, y, color=FORMULA_COLOURS[k % len(FORMULA_COLOURS)], lw=1.5, ls="--")[0]
+            if twinned:
+                target.set_ylabel("learned and formulas (right axis)", color=LEARNED, fontsize=8)
+            ax.axhline(0, color="grey", lw=0.5)
+            ax.set_title(panel["title"], fontsize=9)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(panel["ylabel"])
+            ax.grid(alpha=0.3)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", fontsize=8, ncols=1)
+    if note:
+        fig.suptitle(note, fontsize=8)
+    return fig
+
+
 # --- hyperparameters ------------------------------------------------------------------------------
 
 def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional[dict], highs: Optional[dict],
@@ -279,13 +332,17 @@ def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure
     return fig
 
 
-def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, baseline: str) -> Figure:
-    """Left: each task's normalised score (mean and 95% CI over seeds) for both sides, held-out tasks
-    shaded; right: rliable's interquartile mean per split with its bootstrap CI."""
+def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, baseline: str,
+                       formula: Optional[str] = None) -> Figure:
+    """Left: each task's normalised score (mean and 95% CI over seeds) for each side, held-out tasks
+    shaded; right: rliable's interquartile mean per split with its bootstrap CI. ``formula``: a third
+    side (a distilled formula), whose aggregates are ``aggregates[split]["formula"]``."""
     fig = new_figure(11, 4.2)
     ax, agg = fig.subplots(1, 2, width_ratios=[3, 1])
     x = np.arange(len(rows))
-    for offset, label, color in ((-0.15, learned, LEARNED), (0.15, baseline, BASELINE)):
+    sides = [(-0.15, learned, LEARNED), (0.15, baseline, BASELINE)] + ([(0.0, formula, FORMULA_COLOURS[0])]
+                                                                      if formula else [])
+    for offset, label, color in sides:
         means = np.array([r["normalized"][label] for r in rows])
         lows = np.array([r["normalized_ci95"][label][0] for r in rows])
         highs = np.array([r["normalized_ci95"][label][1] for r in rows])
@@ -303,13 +360,14 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
     names = list(aggregates)
     for j, name in enumerate(names):
         a = aggregates[name]
-        for offset, key, color in ((-0.15, "iqm_learned", LEARNED), (0.15, "iqm_baseline", BASELINE)):
-            lo, hi = a[key + "_ci95"]
-            agg.errorbar([j + offset], [a[key]], yerr=[[a[key] - lo], [hi - a[key]]], fmt="s", color=color,
-                         capsize=3)
+        points = [(-0.15, a["iqm_learned"], a["iqm_learned_ci95"], LEARNED),
+                  (0.15, a["iqm_baseline"], a["iqm_baseline_ci95"], BASELINE)]
+        if formula:
+            points.append((0.0, a["formula"]["iqm_learned"], a["formula"]["iqm_learned_ci95"], FORMULA_COLOURS[0]))
+        for offset, value, (lo, hi), color in points:
+            agg.errorbar([j + offset], [value], yerr=[[value - lo], [hi - value]], fmt="s", color=color, capsize=3)
     agg.set_xticks(np.arange(len(names)), [f"{n}\nP(improve) {aggregates[n]['probability_of_improvement']:.2f}"
                                            for n in names], fontsize=8)
     agg.set_xlim(-0.6, len(names) - 0.4)
     agg.set_title("IQM (rliable)", fontsize=9)
     return fig
-

@@ -1,0 +1,568 @@
+"""``python -m metarl.distill RUN_DIR [generation=best] [max_size=25] [seed=0] [evaluations=200000]
+[samples=2000]``: closed-form formulas read off a run's learned value loss or policy objective.
+
+1. Training with the learned component is re-run once per task (one agent, the run's own horizon)
+   and the component's inputs are recorded at every minibatch: that is the range training visits.
+2. ``samples`` points are drawn there: half from the recorded inputs themselves (where training is),
+   half uniformly over the box of their 0.5%-99.5% quantiles (so the edges count too); ``progress``
+   is uniform on [0, 1]; an input seen at one value only (``log_updates`` when all tasks share a
+   horizon) is held at it.
+3. Symbolic regression (pyoperon, NSGA-II over fit and length, one thread, seeded) fits formulas
+   to the learned function there: for a value loss the loss itself, for a policy objective the
+   learned part of LPO's drift (what the network adds inside relu(... + PPO's drift); for an
+   objective of your own, r A - objective). ``max_size`` bounds the search's formula length
+   (a weighted input counts as one node) and ``evaluations`` its budget.
+4. Each formula is simplified with sympy, its numbers rounded to 4 significant digits, and scored
+   again as rounded: size = nodes of the simplified expression, NMSE = mean squared error / variance
+   of the learned function over the points. The formulas no other beats on both form the front.
+
+Prints the front, writes RUN_DIR/distill.json (the front; entry K is
+``python -m metarl.evaluate RUN_DIR distilled=K``, and its ``component`` is the config of a
+``FormulaValueLoss`` / ``FormulaDrift`` that ``metarl.evaluate`` and code of your own use) and
+RUN_DIR/figures/distill.png (the learned function, the chosen formulas and the baseline).
+
+``generation=G`` distils the best member found up to generation G, read from that generation's
+kept checkpoint; ``best`` the run's exported best. Needs the ``distill`` extra
+(``pip install metarl[distill]``). A hyperparameter run has nothing to distill: one ``error:``
+line, exit 2, as for any bad input.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from metarl.inspect import FIGURES, fail, parse_args
+
+DISTILL_JSON = "distill.json"
+FIGURE = "distill.png"
+QUANTILES = (0.005, 0.995)
+SIGNIFICANT_DIGITS = 4
+SUGGESTED_NMSE = 0.01     # the suggested formula: the smallest that leaves at most 1% of the variance
+MAX_PER_CALL = 256        # recorded inputs per minibatch at most (evenly strided), to bound memory
+# The search's building blocks: smooth ones like the learned networks' tanh, and abs, so that a
+# formula never divides by zero or takes the log of a negative number between the sampled points.
+OPERATORS = "add,sub,mul,square,tanh,abs,exp,constant,variable"
+# How the inputs read in the figure's legend (error as δ, so that e stays Euler's number).
+LATEX_NAMES = {"error": r"\delta", "old_error": r"\delta_{old}", "target": r"\mathrm{target}", "ratio": "r",
+               "advantage": "A", "progress": r"\mathrm{progress}", "log_updates": r"\mathrm{log\_updates}"}
+# The search sees these inputs less their centre: a ratio stays within a few percent of 1, and a formula
+# in ratio - 1 needs no two large numbers that cancel (which rounding would break).
+CENTRES = {"ratio": 1}
+FORMULA_TARGETS = {"value_loss": "metarl.inner_loops.components.FormulaValueLoss",
+                   "policy_objective": "metarl.inner_loops.components.FormulaDrift"}
+
+
+# --- what is distilled ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Problem:
+    """The learned function of one run, seen as a function of named inputs."""
+
+    kind: str
+    inputs: tuple          # every input the formula component takes (components.VALUE_LOSS_INPUTS / DRIFT_INPUTS)
+    variables: tuple       # those the formulas are fitted over, in the columns' order
+    fixed: dict            # inputs held at one value: {name: value}
+    fitted: str            # what is fitted, in words
+    component_args: dict   # further constructor arguments of the formula component (ppo_init)
+
+
+def problem_for(task) -> Problem:
+    from metarl.inner_loops.components import DRIFT_INPUTS, TEMPORAL_INPUTS, VALUE_LOSS_INPUTS
+
+    comp = task.component
+    temporal = getattr(comp, "temporal", False)
+    if task.kind == "value_loss":
+        # The shipped MLP names its inputs; a component of your own is read over the error (as inspect draws it).
+        own = tuple(getattr(comp, "inputs", ("error",)))
+        variables = tuple(n for n in VALUE_LOSS_INPUTS if n in own or (temporal and n in TEMPORAL_INPUTS))
+        return Problem(task.kind, VALUE_LOSS_INPUTS, variables, {}, "the value loss", {})
+    variables = ("ratio", "advantage") + (TEMPORAL_INPUTS if temporal else ())
+    if hasattr(comp, "learned_part"):
+        return Problem(task.kind, DRIFT_INPUTS, variables, {},
+                       "the drift's learned part f in relu(f" + (" + PPO's drift)" if comp.ppo_init else ")"),
+                       {"ppo_init": bool(comp.ppo_init)})
+    return Problem(task.kind, DRIFT_INPUTS, variables, {}, "the drift r A - objective", {"ppo_init": False})
+
+
+def _progress(points: dict):
+    from metarl.inner_loops.components import Progress
+
+    return Progress(points["progress"], points["log_updates"])
+
+
+def learned_values(task, meta, points: dict) -> np.ndarray:
+    """The function a formula is fitted to, at ``points`` ({input: array}, every input of the kind)."""
+    import jax.numpy as jnp
+
+    from metarl.inner_loops.components import apply_component
+
+    comp, config = task.component, task.inner_config
+    p = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
+    progress = _progress(p) if getattr(comp, "temporal", False) else None
+    if task.kind == "value_loss":
+        value, old_value = p["target"] + p["error"], p["target"] + p["old_error"]
+        return np.asarray(apply_component(comp, progress, meta, value, old_value, p["target"], config))
+    if hasattr(comp, "learned_part"):
+        return np.asarray(comp.learned_part(meta, p["ratio"], p["advantage"], progress))
+    return np.asarray(p["ratio"] * p["advantage"]
+                      - apply_component(comp, progress, meta, p["ratio"], p["advantage"], config))
+
+
+def formula_spec(problem: Problem, expression: str) -> dict:
+    """The config of the formula component (``component.*``): kind, _target_ and its arguments."""
+    return {"kind": problem.kind, "_target_": FORMULA_TARGETS[problem.kind], "expression": expression,
+            **problem.component_args}
+
+
+def formula_component(spec: dict):
+    from metarl import plugins
+
+    args = {k: v for k, v in spec.items() if k not in ("kind", plugins.TARGET)}
+    return plugins.locate(spec[plugins.TARGET], "component._target_")(**args)
+
+
+# --- the range training visits ---------------------------------------------------------------------------
+
+class _Recording:
+    """The learned component unchanged, reporting the arrays it is applied to (and the progress) to ``sink``."""
+
+    def __init__(self, inner, sink):
+        self.inner, self.sink = inner, sink
+
+    @property
+    def temporal(self) -> bool:
+        return getattr(self.inner, "temporal", False)
+
+    def init(self, key):
+        return self.inner.init(key)
+
+    def apply(self, meta_params, *args, progress=None):
+        import jax
+
+        from metarl.inner_loops.components import apply_component
+
+        arrays = [a for a in args if isinstance(a, jax.Array)]  # the config is no array
+        extra = [progress.fraction, progress.log_updates] if progress is not None else []
+        jax.debug.callback(self.sink, *arrays, *extra)
+        return apply_component(self.inner, progress, meta_params, *args)
+
+
+def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
+    """Each input's values at the seam over one training per task with the learned component:
+    {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
+    import jax
+
+    rows = []
+
+    def sink(*xs):
+        xs = [np.asarray(x, np.float64) for x in xs]
+        n = xs[0].size
+        idx = np.arange(0, n, max(1, n // MAX_PER_CALL))
+        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
+        rows.append(np.stack(cols, axis=1))
+
+    from metarl import devices
+
+    recorder = _Recording(task.component, sink)
+    for i, inner in enumerate(task.inner_configs):
+        train = task.trainer.make_train(inner, **{task.kind: recorder})
+        args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind: meta})
+        jax.block_until_ready(devices.compile_program(jax.jit(train), *args)(*args))
+        jax.effects_barrier()  # every callback has run
+    table = np.concatenate(rows)
+    if task.kind == "value_loss":
+        value, old_value, target = table[:, 0], table[:, 1], table[:, 2]
+        named = {"error": value - target, "target": target, "old_error": old_value - target}
+        rest = table[:, 3:]
+    else:
+        named = {"ratio": table[:, 0], "advantage": table[:, 1]}
+        rest = table[:, 2:]
+    if rest.shape[1]:
+        named.update(progress=rest[:, 0], log_updates=rest[:, 1])
+    return named
+
+
+def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> tuple[dict, dict]:
+    """``(points, ranges)``: ``samples`` points, half from the visited rows inside the quantile box and
+    half uniform over it. An input that training saw at one value only is held there (moved from
+    ``problem.variables`` to ``problem.fixed``); inputs not fitted sit at 0."""
+    rng = np.random.default_rng(seed)
+    ranges = {}
+    for name in problem.variables:
+        if name == "progress":
+            ranges[name] = [0.0, 1.0]
+        elif np.ptp(visited[name]) == 0:  # one horizon; a ratio of 1 throughout with one epoch
+            problem.fixed[name] = float(visited[name][0])
+        else:
+            low, high = np.quantile(visited[name], QUANTILES)
+            ranges[name] = [float(low), float(high)]
+    problem.variables = tuple(n for n in problem.variables if n not in problem.fixed)
+    inside = np.ones(len(next(iter(visited.values()))), bool)
+    for name, (low, high) in ranges.items():
+        inside &= (visited[name] >= low) & (visited[name] <= high)
+    rows = rng.choice(np.flatnonzero(inside), samples // 2)
+    points = {}
+    for name in problem.inputs:
+        if name in ranges:
+            uniform = rng.uniform(*ranges[name], samples - len(rows))
+            points[name] = np.concatenate([visited[name][rows], uniform])
+        else:
+            points[name] = np.full(samples, problem.fixed.get(name, 0.0))
+    return points, ranges
+
+
+# --- the formulas --------------------------------------------------------------------------------------
+
+def search(X: np.ndarray, y: np.ndarray, max_size: int, evaluations: int, seed: int) -> list[str]:
+    """Formulas from pyoperon's NSGA-II front of fit (R^2) against length, as text over x0, x1, ..."""
+    try:
+        from pyoperon.sklearn import SymbolicRegressor
+    except ImportError:
+        fail("distill needs pyoperon; allowed: after `pip install metarl[distill]`")
+    reg = SymbolicRegressor(allowed_symbols=OPERATORS, objectives=["r2", "length"], max_length=max_size,
+                            population_size=500, generations=10_000, max_evaluations=evaluations,
+                            optimizer_iterations=10, n_threads=1, random_state=seed)
+    reg.fit(np.array(X, np.float32), np.array(y, np.float32))  # writable copies of one dtype, as its C++ side needs
+    names = [f"x{i}" for i in range(X.shape[1])]
+    return [reg.get_model_string(m["tree"], precision=12, names=names) for m in reg.pareto_front_]
+
+
+def readable(text: str, variables: tuple, scale: float):
+    """A searched formula (over x0, x1, ... = the inputs less their ``CENTRES``) simplified with sympy,
+    numbers to 4 significant digits, additive numbers below 1e-3 of the function's scale dropped: the
+    smallest of its forms as parsed, expanded, with common factors pulled out and (without functions
+    such as tanh) simplified. The centres go back in after rounding, so that ``c (ratio - 1)`` keeps
+    both of its numbers equal."""
+    import sympy
+    from sympy.parsing.sympy_parser import convert_xor, parse_expr, standard_transformations
+
+    columns = [sympy.Symbol(f"x{i}", real=True) for i in range(len(variables))]
+    expr = parse_expr(text, local_dict={**{str(c): c for c in columns}, "abs": sympy.Abs, "square": lambda a: a**2},
+                      transformations=standard_transformations + (convert_xor,))
+    forms = [expr, sympy.expand(expr), sympy.factor_terms(expr)]
+    if not expr.atoms(sympy.Function):  # sympy's simplify spends minutes on nested tanh and exp
+        forms.append(sympy.simplify(expr))
+    forms = [_rounded(f, scale) for f in forms]
+    inputs = {c: sympy.Symbol(n, real=True) - CENTRES.get(n, 0) for c, n in zip(columns, variables)}
+    if any(n in CENTRES for n in variables):
+        with sympy.evaluate(False):  # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
+            forms = [f.xreplace(inputs) for f in forms]
+    else:
+        forms = [f.xreplace(inputs) for f in forms]
+    return min(forms, key=size)
+
+
+def _rounded(expr, scale: float):
+    import sympy
+
+    def digits(x: float):
+        r = float(f"{x:.{SIGNIFICANT_DIGITS}g}")
+        return sympy.Integer(int(r)) if r == int(r) and abs(r) < 1e4 else sympy.Float(r)
+
+    expr = expr.xreplace({f: digits(float(f)) for f in expr.atoms(sympy.Float)})
+    if isinstance(expr, sympy.Add):
+        expr = sympy.Add(*[a for a in expr.args if not (a.is_Number and abs(float(a)) < 1e-3 * scale)])
+    return expr
+
+
+def size(expr) -> int:
+    import sympy
+
+    return sum(1 for _ in sympy.preorder_traversal(expr))
+
+
+def text_of(expr) -> str:
+    import sympy
+
+    return sympy.sstr(expr, full_prec=False)
+
+
+def pareto_front(candidates: list[dict]) -> list[dict]:
+    """The candidates no other is at least as small and as accurate as (strictly one of them), by size."""
+    front, best = [], float("inf")
+    for c in sorted(candidates, key=lambda c: (c["size"], c["nmse"])):
+        if c["nmse"] < best:
+            front.append(c)
+            best = c["nmse"]
+    return front
+
+
+def score(problem: Problem, expression: str, points: dict, y: np.ndarray) -> dict:
+    """The rounded formula as the formula component computes it, against the learned function."""
+    from metarl.inner_loops.components import formula_function, parse_formula
+
+    names, fn = formula_function(parse_formula(expression, problem.inputs))
+    with warnings.catch_warnings():  # a number beyond float32 becomes inf, and the formula is dropped
+        warnings.simplefilter("ignore", RuntimeWarning)
+        f = np.broadcast_to(np.asarray(fn(*(points[n].astype(np.float32) for n in names)), np.float64), y.shape)
+    mse = float(np.mean((f - y) ** 2))
+    return {"mse": mse, "nmse": mse / max(float(np.var(y)), 1e-12)}
+
+
+def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_000, samples: int = 2000):
+    """Formulas for ``task``'s learned component with ``meta``: ``(report, problem, visited)``, the
+    report holding the front (entries with size, nmse, expression, latex and the formula's component
+    config). A learned function that is not finite where training visits raises ValueError."""
+    import sympy
+
+    t = time.perf_counter()
+    problem = problem_for(task)
+    visited = visited_inputs(task, meta, problem, seed)
+    recorded_s = time.perf_counter() - t
+    points, ranges = sample_points(visited, problem, samples, seed)
+    y = learned_values(task, meta, points)
+    if not np.all(np.isfinite(y)):
+        raise ValueError(f"the learned {task.kind} is not finite where training visits; nothing to fit")
+    X = np.stack([points[n] - CENTRES.get(n, 0) for n in problem.variables], axis=1)
+
+    t = time.perf_counter()
+    found = search(X, y, max_size, evaluations, seed)
+    search_s = time.perf_counter() - t
+    scale = float(np.std(y)) or 1.0
+    candidates, seen = [], set()
+    for text in found:
+        expr = readable(text, problem.variables, scale)
+        expression = text_of(expr)
+        if expression in seen:
+            continue
+        seen.add(expression)
+        latex = sympy.latex(expr, symbol_names={v: LATEX_NAMES[v.name] for v in expr.free_symbols})
+        candidates.append({"size": size(expr), **score(problem, expression, points, y), "expression": expression,
+                           "latex": latex, "component": formula_spec(problem, expression)})
+    front = pareto_front([c for c in candidates if np.isfinite(c["nmse"])])
+    for k, entry in enumerate(front):
+        entry["k"] = k
+    good = [e["k"] for e in front if e["nmse"] <= SUGGESTED_NMSE]
+    report = {
+        "kind": task.kind, "component": type(task.component).__name__, "fitted": problem.fitted,
+        "variables": list(problem.variables), "fixed": problem.fixed, "ranges": ranges,
+        "quantiles": list(QUANTILES), "samples": samples, "recorded": len(next(iter(visited.values()))),
+        "search": {"library": f"pyoperon {_version('pyoperon')}", "operators": OPERATORS, "max_size": max_size,
+                   "evaluations": evaluations, "seed": seed, "seconds": round(search_s, 2)},
+        "recording_seconds": round(recorded_s, 2),
+        "suggested": good[0] if good else front[-1]["k"],
+        "suggested_rule": f"the smallest formula with NMSE <= {SUGGESTED_NMSE}", "front": front,
+    }
+    return report, problem, visited
+
+
+def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: int = 0,
+            evaluations: int = 200_000, samples: int = 2000) -> dict:
+    """Fit formulas to the run's learned component; returns (and writes) the report."""
+    from metarl import plots, results
+    from metarl.checkpoints import CheckpointError
+    from metarl.config import ConfigError
+
+    run_dir = Path(run_dir)
+    t = time.perf_counter()
+    try:
+        cfg, task = results.load_run(run_dir)
+    except (CheckpointError, ConfigError) as err:
+        fail(str(err))
+    if task.kind not in FORMULA_TARGETS:
+        fail(f"component.kind: {task.kind} in {run_dir}; allowed: value_loss or policy_objective "
+             "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
+    meta, info = meta_params_at(run_dir, cfg, task, generation)
+    try:
+        report, problem, visited = fit(task, meta, max_size, seed, evaluations, samples)
+    except ValueError as err:
+        fail(f"{run_dir}: {err}")
+    report = {"run_dir": str(run_dir), "generation": info.get("generation"), "fitness": info.get("fitness"),
+              "from": str(generation), **report}
+    fig = distill_figure(task, meta, problem, report, visited)
+    report["figure"] = str(plots.save(fig, run_dir / FIGURES / FIGURE))
+    (run_dir / DISTILL_JSON).write_text(json.dumps(report, indent=2))
+    report["json"] = str(run_dir / DISTILL_JSON)
+    report["seconds"] = round(time.perf_counter() - t, 2)
+    return report
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def meta_params_at(run_dir: Path, cfg, task, generation):
+    """``(meta_params, info)``: the exported best, or the best found up to a kept checkpoint's generation."""
+    import jax
+    from flax import serialization
+
+    from metarl import checkpoints
+    from metarl.runner import build_evolution
+
+    try:
+        if generation == "best":
+            raw, info = checkpoints.read_best(run_dir)
+            return serialization.from_state_dict(task.template, raw), info
+        ckpt = checkpoints.Checkpointer(run_dir, write=False)
+        try:
+            steps = sorted(ckpt.manager.all_steps())
+            if generation not in steps:
+                fail(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
+                     + "".join(f", {s}" for s in steps))
+            _, evo = build_evolution(cfg, task=task, mesh=None)
+            state, _ = ckpt.restore(evo.init(jax.random.key(cfg.seed)), generation)
+        finally:
+            ckpt.close()
+    except checkpoints.CheckpointError as err:
+        fail(str(err))
+    return state.best_params, {"generation": generation, "fitness": float(state.best_fitness)}
+
+
+# --- the figure ----------------------------------------------------------------------------------------
+
+def drawn(report: dict) -> list[dict]:
+    """The formulas drawn: the smallest, the suggested and the most accurate."""
+    front = report["front"]
+    ks = sorted({0, report["suggested"], len(front) - 1})
+    return [front[k] for k in ks]
+
+
+def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
+    """Value loss: the loss (shifted to 0 at error 0) and its gradient over the error; policy objective:
+    the drift over the ratio at a typical positive and negative advantage. Learned, the drawn
+    formulas and the baseline; a temporal component at 0%, 50% and 100% of training."""
+    import jax
+    import jax.numpy as jnp
+
+    from metarl import plots
+    from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, apply_component
+
+    config, grid = task.inner_config, 201
+    value_loss = problem.kind == "value_loss"
+    x_name = "error" if value_loss else "ratio"
+    x = np.linspace(*report["ranges"][x_name], grid)
+    zero = int(np.argmin(np.abs(x)))
+    # Inputs not drawn: fitted ones at their visited median, the rest at their one value (or 0).
+    base = {n: float(np.median(visited[n])) if n in problem.variables else problem.fixed.get(n, 0.0)
+            for n in problem.inputs}
+    sides = [("learned", task.component, meta, "learned")]
+    sides += [(f"formula {e['k']} (size {e['size']}, NMSE {e['nmse']:.2g})"
+               + (f": {plots.math_label(e['latex'])}" if plots.math_label(e["latex"]) else ""),
+               formula_component(e["component"]), {}, "formula") for e in drawn(report)]
+    sides.append(("L2: 0.5 δ²", L2_VALUE_LOSS, {}, "baseline") if value_loss else
+                 (f"PPO (clip_eps={float(config.clip_eps):g})", CLIPPED_SURROGATE, {}, "baseline"))
+
+    def side_fn(comp):
+        """Jitted ``(m, pts) -> (value, gradient w.r.t. the prediction or None)`` of one side."""
+        def fn(m, pts):
+            progress = _progress(pts) if getattr(comp, "temporal", False) else None
+            if not value_loss:
+                r, a = pts["ratio"], pts["advantage"]
+                return r * a - apply_component(comp, progress, m, r, a, config), None
+
+            def loss(v):
+                return apply_component(comp, progress, m, v, pts["target"] + pts["old_error"], pts["target"], config)
+
+            value = pts["target"] + pts["error"]
+            return loss(value), jax.grad(lambda v: loss(v).sum())(value)  # elementwise: each sample's own gradient
+        return jax.jit(fn)
+
+    fns = [side_fn(comp) for _, comp, _, _ in sides]
+
+    def curves(fraction, **drawn_inputs):
+        """Per side: (label, value, gradient w.r.t. the prediction or None, style) over the grid."""
+        pts = {n: jnp.full(grid, v, jnp.float32) for n, v in base.items()}
+        if fraction is not None:
+            pts["progress"] = jnp.full(grid, fraction, jnp.float32)
+        pts.update({k: jnp.asarray(v, jnp.float32) for k, v in drawn_inputs.items()})
+        return [(label, *jax.tree.map(np.asarray, fn(m, pts)), style) for fn, (label, _, m, style) in zip(fns, sides)]
+
+    rows = []
+    for fraction in ((0.0, 0.5, 1.0) if "progress" in problem.variables else (None,)):
+        when = "" if fraction is None else f", at {fraction:.0%} of training"
+        if value_loss:
+            drawn_curves = curves(fraction, error=x)
+            rows.append([{"title": "loss - loss at error 0" + when, "ylabel": "loss",
+                          "curves": [(label, y - y[zero], style) for label, y, _, style in drawn_curves]},
+                         {"title": "gradient w.r.t. the prediction" + when, "ylabel": "d loss / d prediction",
+                          "curves": [(label, g, style) for label, _, g, style in drawn_curves]}])
+        else:
+            advantages = [round(float(q), 2) for q in np.quantile(visited["advantage"], (0.9, 0.1))]
+            rows.append([{"title": f"drift at advantage {adv:g}" + when, "ylabel": "drift",
+                          "curves": [(label, y, style) for label, y, _, style in
+                                     curves(fraction, ratio=x, advantage=np.full(grid, adv))]}
+                         for adv in advantages])
+    held = [n for n in problem.variables if n not in (x_name, "progress")]
+    note = (f"{report['component']} of {report['run_dir']} (generation {report['generation']}); fitted: "
+            f"{problem.fitted} over {', '.join(problem.variables)}"
+            + (f"; drawn with {', '.join(held)} at the visited median" if held else "")
+            + "".join(f"; {n} = {v:.3g}" for n, v in problem.fixed.items()))
+    xlabel = "error δ = prediction - target" if value_loss else "ratio r = π / π_old"
+    return plots.formula_figure(x, rows, xlabel, note)
+
+
+# --- the CLI -------------------------------------------------------------------------------------------
+
+def format_report(report: dict) -> str:
+    lines = [f"distilled the learned {report['kind']} ({report['component']}) of {report['run_dir']}, "
+             f"generation {report['generation']} (fitness {report['fitness']:.4g})",
+             f"fitted: {report['fitted']} over " + ", ".join(
+                 f"{n} in [{lo:.3g}, {hi:.3g}]" for n, (lo, hi) in report["ranges"].items())
+             + "".join(f"; {n} = {v:.4g}" for n, v in report["fixed"].items()),
+             f"  {report['samples']} points: half from {report['recorded']} inputs recorded in training, half "
+             f"uniform over their {QUANTILES[0]:.1%}-{QUANTILES[1]:.1%} range",
+             f"search: {report['search']['library']}, {report['search']['evaluations']} evaluations, "
+             f"max_size {report['search']['max_size']}, seed {report['search']['seed']}: "
+             f"{report['search']['seconds']:.1f} s (recording the inputs: {report['recording_seconds']:.1f} s)", "",
+             f"{'K':>3} {'size':>5} {'NMSE':>10}  formula"]
+    for e in report["front"]:
+        mark = "*" if e["k"] == report["suggested"] else " "
+        lines.append(f"{e['k']:>3} {e['size']:>5} {e['nmse']:>10.3g}{mark} {e['expression']}")
+    lines += ["", f"* suggested: {report['suggested_rule']} (NMSE = mean squared error / variance of the learned "
+                  "function over the points)",
+              f"compare on fresh seeds: python -m metarl.evaluate {report['run_dir']} distilled={report['suggested']}",
+              f"in code: {_constructor(report['front'][report['suggested']]['component'])}",
+              f"wrote {report['json']}", f"wrote {report['figure']}"]
+    return "\n".join(lines)
+
+
+def _constructor(spec: dict) -> str:
+    """``from MODULE import CLASS; CLASS(arguments)`` of a formula's component config."""
+    module, _, name = spec["_target_"].rpartition(".")
+    args = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k not in ("kind", "_target_"))
+    return f"from {module} import {name}; {name}({args})"
+
+
+def _generation_arg(value: str):
+    if value == "best":
+        return value
+    if int(value) < 0:
+        raise ValueError(value)
+    return int(value)
+
+
+_generation_arg.expected = "value (best or a checkpointed generation number)"
+
+
+def load_formula(run_dir: Path, k: int) -> dict:
+    """Entry ``k`` of the run's distill.json; a bad ``k`` or a missing file ends the CLI with one line."""
+    path = Path(run_dir) / DISTILL_JSON
+    if not path.is_file():
+        fail(f"distilled: {path} does not exist; allowed: after `python -m metarl.distill {run_dir}`")
+    front = json.loads(path.read_text())["front"]
+    if not 0 <= k < len(front):
+        fail(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {path})")
+    return front[k]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    run_dir, opts = parse_args(argv, {"generation": (_generation_arg, "best"), "max_size": (int, 25),
+                                      "seed": (int, 0), "evaluations": (int, 200_000), "samples": (int, 2000)})
+    for name, least in (("max_size", 3), ("evaluations", 1000), ("samples", 10)):
+        if opts[name] < least:
+            fail(f"{name}: {opts[name]}; allowed: >= {least}")
+    print(format_report(distill(run_dir, **opts)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
