@@ -62,6 +62,10 @@ class FitnessSection:
     # tasks, none with one.
     normalize: Optional[str] = None
     aggregate: str = "mean"          # over tasks: mean, median or min
+    # A control trained beside the members on the same seeds in every generation: "none"; "baseline":
+    # the hand-designed baseline, recorded beside the population; "paired": also ranks each member by
+    # its fitness minus the control's on the same seeds (docs/signal.md).
+    control: str = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +133,7 @@ STATISTICS = ("final", "auc")
 INT32_MAX = 2**31 - 1
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 NORMALIZATIONS = ("baseline", "none")
+CONTROLS = ("none", "baseline", "paired")
 AGGREGATES = ("mean", "median", "min")
 INIT_MEANS = ("zeros", "init")
 WANDB_MODES = ("disabled", "offline", "online")
@@ -230,6 +235,8 @@ def validate(cfg: RunConfig) -> RunConfig:
                           "or null (baseline with several tasks, none with one)")
     if cfg.fitness.aggregate not in AGGREGATES:
         raise ConfigError(f"fitness.aggregate: {cfg.fitness.aggregate!r}; allowed: {', '.join(AGGREGATES)}")
+    if cfg.fitness.control not in CONTROLS:
+        raise ConfigError(f"fitness.control: {cfg.fitness.control!r}; allowed: {', '.join(CONTROLS)}")
     if not 0.0 < cfg.fitness.window <= 1.0:
         raise ConfigError(f"fitness.window: {cfg.fitness.window!r}; allowed: a fraction in (0, 1]")
     if cfg.es.init_mean not in INIT_MEANS:
@@ -483,6 +490,7 @@ def show_value(value) -> str:
 def search_differences(saved: dict, new: dict) -> list[str]:
     """Settings that differ between two configs and change the search (``RESUMABLE_FIELDS`` excluded)."""
     a, b = flatten(saved), flatten(new)
+    defaults = flatten(to_dict(RunConfig(experiment="")))
 
     def resumable(key):
         return any(key == f or key.startswith(f + ".") for f in RESUMABLE_FIELDS)
@@ -493,8 +501,9 @@ def search_differences(saved: dict, new: dict) -> list[str]:
             continue
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
         # A setting added to the schema after a run was saved is absent from its config.yaml; at its
-        # empty default (null, {}, []) it changes nothing.
-        if "<unset>" in (va, vb) and any(v is None or v == {} or v == [] for v in (va, vb)):
+        # empty default (null, {}, []) or at the schema's default (fitness.control: none) it changes nothing.
+        if "<unset>" in (va, vb) and any(v is None or v == {} or v == [] or (key in defaults and v == defaults[key])
+                                         for v in (va, vb)):
             continue
         if va != vb:
             diffs.append(f"{key}: {va!r} -> {vb!r}")

@@ -1,6 +1,8 @@
 """``python -m metarl.inspect RUN_DIR [error_range=5]``: figures of a run, written to RUN_DIR/figures/.
 
     fitness.png             best, mean and population quantiles per generation (every experiment)
+    signal.png              the members' fitness spread against seed noise, and the fraction that is signal
+                            (docs/signal.md); with fitness.control, the margin over the baseline (every experiment)
     fitness_tasks.png       per task: the population's mean return and the best member's (several tasks)
     value_loss.png          the learned value loss and its gradient beside L2 (value_loss)
     value_loss_<input>.png  heatmap over the error and each further input, the rest fixed at 0 (value_loss)
@@ -58,7 +60,12 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     names = list(history[-1].get("tasks", {}))
     where = cfg.env if len(names) <= 1 else f"{len(names)} tasks"
     title = f"{cfg.experiment} on {where}: {len(history)}/{cfg.es.generations} generations, popsize {cfg.es.popsize}"
-    paths = [plots.save(plots.fitness_figure(history, title), out / "fitness.png")]
+    paths = [plots.save(plots.fitness_figure(history, title, paired=cfg.fitness.control == "paired"), out / "fitness.png")]
+    if any("signal_between" in r for r in history):
+        from metarl.runner import NOISE_THRESHOLD
+
+        note = f"{title}; {cfg.fitness.num_seeds} seeds per member"
+        paths.append(plots.save(plots.signal_figure(history, NOISE_THRESHOLD, note), out / "signal.png"))
     if len(names) > 1:
         paths.append(plots.save(plots.task_fitness_figure(history, names), out / "fitness_tasks.png"))
     return paths

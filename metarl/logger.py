@@ -1,7 +1,9 @@
 """Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases and MLflow.
 
 Both trackers get, every generation at step = generation, the scalars of the record under the same
-names (``scalars``): best, mean, std, quantiles, frames/s, ..., each task's (``tasks/<name>/raw_mean``,
+names (``scalars``): best, mean, std, quantiles, frames/s, the signal statistics (``signal``,
+``seed_noise``, ``update_signal``, ...; docs/signal.md), the control's (``control``, ``best_vs_control``,
+...), each task's (``tasks/<name>/raw_mean``,
 ...) and the decoded search distribution of a hyperparameter search (``search/mean/lr``,
 ``search/low/lr``, ...); wandb also every member's fitness as a histogram (``fitness``). At the end of
 a run, both get the figures of ``python -m metarl.inspect`` (wandb: images ``figures/<name>``; MLflow:
@@ -140,6 +142,10 @@ class Logger:
             recent = sorted(self.durations[-5:])[len(self.durations[-5:]) // 2]
             left = (self.total - g) * recent
             bad = f" | diverged {record['nonfinite']}" if record.get("nonfinite") else ""
+            if record.get("signal") is not None:  # the share of the fitness spread that is not seed noise
+                bad += f" | signal {record['signal']:.2f}"
+            if record.get("best_vs_control") is not None:  # the best member's margin over the baseline
+                bad += f" | vs baseline {record['best_vs_control']:+.4g}"
             if len(self.task_names) > 1 and "tasks" in record:  # the population's mean, raw (score)
                 bad += " | " + " ".join(f"{n} {t['raw_mean']:.1f} ({t['score_mean']:.2f})"
                                         for n, t in record["tasks"].items())

@@ -36,9 +36,11 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 # --- fitness -------------------------------------------------------------------------------------
 
-def fitness_figure(history: Sequence[dict], title: str = "") -> Figure:
+def fitness_figure(history: Sequence[dict], title: str = "", paired: bool = False) -> Figure:
     """Best, mean and median member per generation over the population's q10-q90 and q25-q75 bands,
-    and the best fitness so far. Records without quantiles (old runs) get a mean +- std band."""
+    and the best fitness so far. Records without quantiles (old runs) get a mean +- std band. With a
+    control (``fitness.control``), the baseline's fitness on the generation's seeds; ``paired``: the
+    fitness is each member's minus the control's, so the baseline is the line at 0."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
     gens = np.array([r["generation"] for r in history], dtype=float)
@@ -53,18 +55,60 @@ def fitness_figure(history: Sequence[dict], title: str = "") -> Figure:
     ax.plot(gens, col("mean"), color=LEARNED, lw=2, label="mean")
     ax.plot(gens, col("best"), color="tab:green", lw=1, marker=".", label="best of generation")
     ax.step(gens, col("best_so_far"), where="post", color="black", lw=1, ls="--", label="best so far")
+    if any("control" in r for r in history):  # fitness.control: the baseline on the generation's seeds
+        control = np.zeros_like(gens) if paired else col("control")
+        ax.plot(gens, control, color=BASELINE, lw=1.5, marker=".",
+                label="baseline (control; fitness paired: member - control)" if paired else "baseline (control)")
     nonfinite = col("nonfinite")
     bad = np.nan_to_num(nonfinite) > 0
     if bad.any():
         ax.plot(gens[bad], col("worst")[bad], "x", color="red", label="generation with diverged members")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("generation")
-    ax.set_ylabel("fitness (episode return)")
+    ax.set_ylabel("fitness - baseline's (paired)" if paired else "fitness (episode return)")
     ax.set_title(title or "fitness over generations")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     if len(gens) == 1:
         ax.set_xlim(gens[0] - 1, gens[0] + 1)
+    return fig
+
+
+def signal_figure(history: Sequence[dict], threshold: float, title: str = "") -> Figure:
+    """Top: the spread of the members' mean fitness (``signal_between``) against the part of it that
+    seed noise alone gives (``seed_noise``), and with a control, ``best_vs_control`` and
+    ``mean_vs_control``; bottom: the signal fraction (``signal``) and the update's (``update_signal``),
+    with the noise-dominated threshold. The names are the records' (docs/signal.md)."""
+    fig = new_figure(7, 5.5)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    gens = np.array([r["generation"] for r in history], dtype=float)
+    col = lambda k: np.array([r.get(k) for r in history], dtype=float)  # None (not measured) -> NaN
+    top.plot(gens, col("signal_between"), color=LEARNED, lw=2, marker=".", label="signal_between (V_b)")
+    top.plot(gens, col("seed_noise"), color="tab:red", lw=1.5, marker=".", label="seed_noise (V_w / num_seeds)")
+    if np.nanmax(np.r_[col("signal_between"), col("seed_noise"), 0.0]) > 0:
+        top.set_yscale("log")
+    top.set_ylabel("variance of the\nmembers' mean fitness")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, loc="upper left")
+    if any("best_vs_control" in r for r in history):
+        margin = top.twinx()
+        margin.plot(gens, col("best_vs_control"), color=BASELINE, lw=1, ls="--", label="best_vs_control")
+        margin.plot(gens, col("mean_vs_control"), color=BASELINE, lw=1, ls=":", label="mean_vs_control")
+        margin.axhline(0.0, color=BASELINE, lw=0.5)
+        margin.set_ylabel("fitness - baseline's", fontsize=8)
+        margin.legend(fontsize=8, loc="upper right")
+    bottom.plot(gens, col("signal"), color=LEARNED, lw=2, marker=".", label="signal")
+    bottom.plot(gens, col("update_signal"), color="tab:green", lw=1, marker=".", label="update_signal")
+    bottom.axhline(threshold, color="tab:red", lw=1, ls="--", label=f"noise-dominated below {threshold}")
+    bottom.set_ylim(-0.05, 1.05)
+    bottom.set_ylabel("fraction that is signal")
+    bottom.set_xlabel("generation")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize=8, loc="best")
+    top.set_title(title or "signal and seed noise per generation", fontsize=10)
+    if len(gens) == 1:
+        bottom.set_xlim(gens[0] - 1, gens[0] + 1)
     return fig
 
 

@@ -15,7 +15,7 @@ from metarl.launch import STOP_SIGNALS, ignored
 from metarl.config import RunConfig
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task, build_task
-from metarl.outer_loops.evolution import Evolution
+from metarl.outer_loops.evolution import SIGNAL_FIELDS, Evolution
 
 
 class Interrupted(Exception):
@@ -36,7 +36,9 @@ def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "au
     evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
                     init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
                     describe_search=task.describe_search,
-                    aggregate=scores.make_aggregate(reference, cfg.fitness.aggregate))
+                    aggregate=scores.make_aggregate(reference, cfg.fitness.aggregate),
+                    control_fn=task.control_fn if cfg.fitness.control != "none" else None,
+                    paired=cfg.fitness.control == "paired")
     return task, evo
 
 
@@ -147,7 +149,9 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     if is_main:
         truncate_metrics(run_dir, start)
 
-    frames_per_gen = cfg.es.popsize * cfg.fitness.num_seeds * task.frames_per_eval
+    # The control (fitness.control) trains on the same seeds as one more member.
+    runs_per_seed = cfg.es.popsize + (cfg.fitness.control != "none")
+    frames_per_gen = runs_per_seed * cfg.fitness.num_seeds * task.frames_per_eval
     if start:
         logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
     if ckpt.removed_incomplete:
@@ -161,6 +165,9 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                    f"on {jax.device_count()} device(s)")
 
     best_so_far = float(state.best_fitness)
+    if cfg.fitness.num_seeds == 1:
+        logger.message("note: fitness.num_seeds=1 measures no seed noise: signal_within, seed_noise, signal and "
+                       "update_signal are recorded as null (docs/signal.md); fitness.num_seeds >= 2 measures them")
     stop = _StopFlag()
     with stop:
         for g in range(start, cfg.es.generations):
@@ -171,6 +178,9 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
             record = _record(stats, seconds, frames_per_gen, task.names)
             history.append(record)
             logger.log(record)
+            warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations))
+            if warning:
+                logger.message(warning)
             if record["best_so_far"] > best_so_far and is_main:
                 best_so_far = record["best_so_far"]
                 checkpoints.export_best(run_dir, state.best_params, _best_info(cfg, task, record))
@@ -218,6 +228,28 @@ def _best_files(run_dir: Path) -> tuple[list[Path], Optional[dict]]:
     return files, checkpoints.read_best(run_dir)[1]
 
 
+# The search is called noise-dominated when the signal fraction stays below NOISE_THRESHOLD in each of
+# its first NOISE_GENERATIONS generations (docs/signal.md).
+NOISE_THRESHOLD, NOISE_GENERATIONS = 0.2, 3
+
+
+def noise_warning(history: list[dict], generations: int = NOISE_GENERATIONS) -> Optional[str]:
+    """The warning, once: when the last record of ``history`` completes generation ``generations`` and
+    the signal fraction was below ``NOISE_THRESHOLD`` in every generation so far (None where not
+    measured). Otherwise None."""
+    if not history or history[-1]["generation"] != generations:
+        return None
+    signals = [r.get("signal") for r in history if r["generation"] <= generations]
+    if not signals or any(s is None or not s < NOISE_THRESHOLD for s in signals):
+        return None
+    shown = ", ".join(f"{s:.2f}" for s in signals)
+    return (f"warning: the search is noise-dominated: the signal fraction stayed below {NOISE_THRESHOLD} in the "
+            f"first {generations} generation(s) ({shown}), so the members' fitness differences are mostly seed "
+            "noise and the best member is mostly luck. Levers: more fitness.num_seeds (divides the seed noise), "
+            "a larger es.std_init (members further apart differ more), a larger es.popsize (more members per "
+            "update); docs/signal.md")
+
+
 def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:
     record = {}
     for k, v in stats.items():
@@ -230,6 +262,8 @@ def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[s
             continue
         v = np.asarray(v)
         record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
+        if k in SIGNAL_FIELDS and not np.isfinite(record[k]):  # not measured (one seed): null, not NaN
+            record[k] = None
     record["seconds"] = seconds
     record["fps"] = frames_per_gen / seconds if seconds > 0 else float("nan")
     return record

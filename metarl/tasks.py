@@ -259,6 +259,7 @@ class Task:
     frames_per_eval: int           # environment frames in one member's inner runs, all tasks together
     trainers: list                 # per task: meta_params -> train(key) -> (params, metrics)
     baselines: list                # per task: train(key) -> (params, metrics) of the hand-designed rule
+    control_fn: Callable           # key -> the baseline's raw score per task, as fitness_fn scores a member
     describe_search: Callable | None = None  # (mean, std) -> dict logged every generation
 
     @property
@@ -363,17 +364,23 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
         init_mean = (jax.tree.map(jnp.zeros_like, template) if cfg.es.init_mean == "zeros" else template)
 
     trainers = [trainer(inner) for inner in inners]
+    baselines = [module.make_train(inner) for inner in inners]
+
+    def score(trains, key):
+        # Every task in one program; task i trains from its own stream of the seed key.
+        return jnp.stack([stat(train(jax.random.fold_in(key, i) if i else key)[1]["episode_return"])
+                          for i, train in enumerate(trains)])
 
     def fitness_fn(meta, key):
-        # Every task in one program; task i trains from its own stream of the member's seed key.
-        scores = [stat(make(meta)(jax.random.fold_in(key, i) if i else key)[1]["episode_return"])
-                  for i, make in enumerate(trainers)]
-        return jnp.stack(scores)
+        return score([make(meta) for make in trainers], key)
+
+    def control_fn(key):  # the hand-designed baseline, scored on a seed key as a member is
+        return score(baselines, key)
 
     return Task(kind=kind, algo=algo, component=component, trainer=module, specs=specs, inner_configs=inners,
                 template=template, init_mean=init_mean, fitness_fn=fitness_fn, statistic=stat,
                 frames_per_eval=sum(_frames(inner) for inner in inners), trainers=trainers,
-                baselines=[module.make_train(inner) for inner in inners], describe_search=describe_search)
+                baselines=baselines, control_fn=control_fn, describe_search=describe_search)
 
 
 # --- memory -------------------------------------------------------------------------------------------

@@ -16,6 +16,11 @@ evosax minimises; the driver negates, so everything user-facing is higher-is-bet
 scored on the same ``num_seeds`` keys in a generation (common random numbers make the ranking fairer).
 A member whose fitness is NaN or infinite gets the generation's worst finite fitness (or
 ``nonfinite_floor``) and is counted in ``stats["nonfinite"]``.
+
+Every generation also measures how much of the fitness spread is signal (``signal_stats``,
+``update_signal``; docs/signal.md), and, given ``control_fn``, scores a control (the hand-designed
+baseline) on the generation's seeds beside the members: ``stats["control"]``; with ``paired`` the
+fitness the strategy ranks is each member's minus the control's, seed by seed.
 """
 from __future__ import annotations
 
@@ -55,6 +60,11 @@ FITNESS_SHAPING = {
     "weights": shaping.weights_fitness_shaping_fn,
 }
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
+# The per-generation signal statistics, by their names in stats, metrics.jsonl, wandb, MLflow and the
+# inspect figure (docs/signal.md).
+SIGNAL_FIELDS = ("signal_between", "signal_within", "seed_noise", "signal", "update_signal")
+# The control's, with a control: its fitness and the members' margins over it.
+CONTROL_FIELDS = ("control", "best_vs_control", "mean_vs_control")
 # Constructor arguments the driver fills from ESConfig; a custom strategy may not take them in `args`.
 _DRIVER_ARGUMENTS = ("population_size", "solution", "optimizer", "std_schedule", "use_antithetic_sampling",
                      "fitness_shaping_fn")
@@ -148,6 +158,73 @@ def replace_nonfinite(fitness, floor=None):
     return jnp.where(finite, fitness, fallback), jnp.sum(~finite)
 
 
+def signal_stats(seed_fitness):
+    """How much of the spread of the members' fitness is signal rather than seed noise.
+
+    ``seed_fitness`` is F[m, s], member m's fitness on seed s (shape (popsize, num_seeds)), the number
+    the strategy ranks but per seed. Members with a non-finite F on any seed are left out. Returns
+
+    - ``signal_between`` V_b = var_m(mean_s F[m, s]) (ddof=1): the spread of the members' mean fitness;
+    - ``signal_within`` V_w = mean_m(var_s F[m, s]) (ddof=1): the seed noise of one inner run;
+    - ``seed_noise`` V_w / num_seeds: the seed noise in a member's mean fitness, the part of V_b
+      that is expected even if every member were equally good;
+    - ``signal`` max(0, V_b - V_w / num_seeds) / V_b: the fraction of V_b that is not seed noise
+      (0: the ranking is noise; 1: no noise).
+
+    With one seed V_w cannot be measured and everything but V_b is NaN (``null`` in metrics.jsonl);
+    ``signal`` is NaN also when V_b is 0 or fewer than two members are finite."""
+    members, seeds = seed_fitness.shape
+    finite = jnp.all(jnp.isfinite(seed_fitness), axis=1)
+    n = jnp.sum(finite)
+    f = jnp.where(finite[:, None], seed_fitness, 0.0)
+    member_mean = jnp.mean(f, axis=1)
+    grand = jnp.sum(member_mean) / n
+    between = jnp.sum(jnp.where(finite, (member_mean - grand) ** 2, 0.0)) / (n - 1)
+    between = jnp.where(n > 1, between, jnp.nan)
+    if seeds < 2:
+        nan = jnp.float32(jnp.nan)
+        return {"signal_between": between, "signal_within": nan, "seed_noise": nan, "signal": nan}
+    within_member = jnp.sum((f - member_mean[:, None]) ** 2, axis=1) / (seeds - 1)
+    within = jnp.sum(jnp.where(finite, within_member, 0.0)) / n
+    noise = within / seeds
+    signal = jnp.where(between > 0, jnp.maximum(0.0, between - noise) / between, jnp.nan)
+    return {"signal_between": between, "signal_within": within, "seed_noise": noise, "signal": signal}
+
+
+def update_signal(seed_fitness, directions, shape=None):
+    """The signal-to-noise of the ES update, as the fraction of its power that is signal, estimated
+    by splitting the seeds in two halves.
+
+    ``directions`` (popsize, dims) are the members' perturbations (member - mean, per unit of search
+    width); ``shape(fitness) -> weights`` the strategy's fitness shaping (None: the fitness itself).
+    From each half of the seeds (the first and the second ``num_seeds // 2``; an odd last seed is left
+    out) the update direction is estimated as the strategy's tell forms it, g = sum_m w_m d_m with w
+    the shaped, centred fitness of the half. The two halves share the members and differ only in
+    their seeds, so S = max(0, g_A . g_B) estimates |g|^2 of the update that infinitely many seeds
+    would give, and N = |g_A - g_B|^2 / 4 the noise power of the update from all the seeds. Returns
+    S / (S + N) in [0, 1] (the signal-to-noise ratio S / N is u / (1 - u)): above 0.5 the update
+    mostly follows the members' differences, below it mostly the seed noise; 1 when both halves rank
+    the members alike under rank shaping. NaN with one seed; members not finite on every seed get
+    weight 0."""
+    members, seeds = seed_fitness.shape
+    if seeds < 2:
+        return jnp.float32(jnp.nan)
+    half = seeds // 2
+    finite = jnp.all(jnp.isfinite(seed_fitness), axis=1)
+
+    def direction(part):
+        f = jnp.mean(part, axis=1)
+        f = jnp.where(finite, f, jnp.min(jnp.where(finite, f, jnp.inf)))
+        w = f if shape is None else shape(f)
+        w = jnp.where(finite, w - jnp.mean(w), 0.0)
+        return w @ directions
+
+    g_a, g_b = direction(seed_fitness[:, :half]), direction(seed_fitness[:, half:2 * half])
+    signal = jnp.maximum(0.0, jnp.dot(g_a, g_b))
+    noise = jnp.sum((g_a - g_b) ** 2) / 4
+    return signal / (signal + noise)
+
+
 class Evolution:
     """Ask, evaluate, tell: one jitted generation; see the module docstring."""
 
@@ -155,7 +232,8 @@ class Evolution:
                  fitness_fn: Callable[[Any, jax.Array], jax.Array], num_seeds: int = 1,
                  init_mean: Any = None, nonfinite_floor: Optional[float] = None, mesh=None,
                  describe_search: Optional[Callable[[Any, Any], dict]] = None,
-                 aggregate: Optional[Callable[[jax.Array], tuple[jax.Array, jax.Array]]] = None):
+                 aggregate: Optional[Callable[[jax.Array], tuple[jax.Array, jax.Array]]] = None,
+                 control_fn: Optional[Callable[[jax.Array], jax.Array]] = None, paired: bool = False):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
             raise ValueError(f"fitness.num_seeds: {num_seeds!r}; allowed: a positive integer")
         self.config = config.validate()
@@ -172,6 +250,14 @@ class Evolution:
         # aggregate(raw (popsize, tasks)) -> (fitness (popsize,), per-task scores (popsize, tasks))
         # turns them into the one number the strategy ranks (e.g. normalised, then averaged).
         self.aggregate = aggregate
+        # control_fn(key) -> raw score(s) like fitness_fn's, of a fixed control (the hand-designed
+        # baseline), trained on the same seed keys as the members in every generation; paired: the
+        # strategy ranks each member's fitness minus the control's on the same seeds.
+        if paired and control_fn is None:
+            raise ValueError("fitness.control: paired needs a control to pair with; allowed: none or baseline "
+                             "without one")
+        self.control_fn = control_fn
+        self.paired = paired
         if mesh is not None and config.popsize % mesh.size:
             raise ValueError(f"es.popsize: {config.popsize} does not divide over {mesh.size} devices; "
                              f"allowed: a multiple of {mesh.size}")
@@ -219,18 +305,40 @@ class Evolution:
                         best_fitness=jnp.float32(-jnp.inf),
                         best_params=jax.tree.map(lambda x: _strong(jnp.asarray(x)), self.init_mean))
 
+    def generation_keys(self, key):
+        """``(next key, ask key, seed keys (num_seeds,), tell key)`` of the generation run from ``key``
+        (``state.key``): every member and the control train on the same seed keys."""
+        key, k_ask, k_eval, k_tell = jax.random.split(key, 4)
+        return key, k_ask, jax.random.split(k_eval, self.num_seeds), k_tell
+
+    def _fitness_per_seed(self, per_seed):
+        """Raw scores (..., num_seeds[, tasks]) -> (fitness of the seed mean (...), F per seed (..., num_seeds),
+        per-task means and scores or None): the fitness as the strategy ranks it, and seed by seed."""
+        raw = jnp.mean(per_seed, axis=-2 if self.aggregate is not None else -1)
+        if self.aggregate is None:
+            return raw, per_seed, None
+        fitness, scores = self.aggregate(raw.reshape(-1, raw.shape[-1]))
+        by_seed, _ = self.aggregate(per_seed.reshape(-1, per_seed.shape[-1]))
+        return (fitness.reshape(raw.shape[:-1]), by_seed.reshape(per_seed.shape[:-1]),
+                (raw, scores.reshape(raw.shape)))
+
     def _step(self, state: EvoState):
         self.trace_count += 1
-        key, k_ask, k_eval, k_tell = jax.random.split(state.key, 4)
+        key, k_ask, seed_keys, k_tell = self.generation_keys(state.key)
         population, es_state = self.es.ask(k_ask, state.es_state, self.es_params)
         population = self._replicate(population)
-        seed_keys = jax.random.split(k_eval, self.num_seeds)
         per_seed = self._replicate(self.evaluate(population, seed_keys))  # (popsize, num_seeds[, tasks])
-        raw = jnp.mean(per_seed, axis=1)
-        if self.aggregate is not None:
-            per_task = raw
-            raw, scores = self.aggregate(per_task)
+        raw, seed_fitness, per_task = self._fitness_per_seed(per_seed)
+        stats_control = {}
+        if self.control_fn is not None:
+            control_per_seed = self._replicate(jax.vmap(self.control_fn)(seed_keys))  # (num_seeds[, tasks])
+            control, control_seed_fitness, _ = self._fitness_per_seed(control_per_seed)
+            stats_control["control"] = control
+            if self.paired:
+                raw = raw - control
+                seed_fitness = seed_fitness - control_seed_fitness
         fitness, nonfinite = replace_nonfinite(raw, self.nonfinite_floor)
+        update = self._update_signal(seed_fitness, population, es_state)
         es_state, _ = self.es.tell(k_tell, population, -fitness, es_state, self.es_params)
         es_state = jax.tree.map(_strong, es_state)
 
@@ -251,12 +359,30 @@ class Evolution:
                  "std": jnp.std(fitness), "worst": jnp.min(fitness), "best_so_far": new_state.best_fitness,
                  "nonfinite": nonfinite, "fitness": fitness,
                  **{f"q{int(q * 100):02d}": v for q, v in zip(QUANTILES, quantiles)}}
+        stats.update(signal_stats(seed_fitness))
+        stats["update_signal"] = update
+        if self.control_fn is not None:  # the members' margin over the control (the fitness itself if paired)
+            margin = fitness if self.paired else fitness - stats_control["control"]
+            stats.update(stats_control, best_vs_control=jnp.max(margin), mean_vs_control=jnp.mean(margin))
         if self.describe_search is not None:
             stats["search"] = stats_search
-        if self.aggregate is not None:  # per task: the population's mean and the generation's best member
+        if per_task is not None:  # per task: the population's mean and the generation's best member
+            per_task, scores = per_task
             stats["tasks"] = {"raw_mean": jnp.nanmean(per_task, axis=0), "score_mean": jnp.nanmean(scores, axis=0),
                               "raw_best": per_task[i_best], "score_best": scores[i_best]}
         return new_state, stats
+
+    def _update_signal(self, seed_fitness, population, es_state):
+        """``update_signal`` of this generation's update (``es_state``: the state the population was asked
+        from): the members' perturbations in units of the search width, weighted by the strategy's
+        own fitness shaping (of the negated fitness: evosax minimises)."""
+        flat_pop = jax.vmap(lambda p: jax.flatten_util.ravel_pytree(p)[0])(population)
+        flat_mean = jax.flatten_util.ravel_pytree(self.es.get_mean(es_state))[0]
+        width = search_std(es_state, flat_mean.shape)
+        directions = (flat_pop - flat_mean) / jnp.where(width > 0, width, 1.0)
+        shaping = getattr(self.es, "fitness_shaping_fn", None)
+        shape = None if shaping is None else (lambda f: shaping(flat_pop, -f, es_state, self.es_params))
+        return update_signal(seed_fitness, directions, shape)
 
     def mean(self, state: EvoState):
         """The search distribution's mean as a pytree shaped like the template."""

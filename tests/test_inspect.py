@@ -16,10 +16,12 @@ from metarl import evaluate, inspect
 
 # figure -> (width, height) in pixels (figsize x 100 dpi)
 EXPECTED = {
-    "value_loss": {"fitness.png": (700, 400), "value_loss.png": (1100, 420), "value_loss_target.png": (1100, 420)},
-    "policy_objective": {"fitness.png": (700, 400), "fitness_tasks.png": (800, 300),
+    "value_loss": {"fitness.png": (700, 400), "signal.png": (700, 550), "value_loss.png": (1100, 420),
+                   "value_loss_target.png": (1100, 420)},
+    "policy_objective": {"fitness.png": (700, 400), "signal.png": (700, 550), "fitness_tasks.png": (800, 300),
                          "policy_objective.png": (1000, 800)},
-    "hyperparams": {"fitness.png": (700, 400), "hyperparams.png": (1280, 600)},  # 7 panels, 4 columns
+    "hyperparams": {"fitness.png": (700, 400), "signal.png": (700, 550),
+                    "hyperparams.png": (1280, 600)},  # 7 panels, 4 columns
 }
 
 
