@@ -72,7 +72,8 @@ def test_run_logs_config_metrics_figures_and_best_files(sweep):
         assert [m.value for m in logged] == pytest.approx([scalars(r)[name] for r in history], nan_ok=True), name
 
     files = {a.path for folder in ("figures", "meta-params") for a in client.list_artifacts(run.info.run_id, folder)}
-    assert files == {"figures/fitness.png", "figures/hyperparams.png", "meta-params/best_meta_params.json",
+    assert files == {"figures/fitness.png", "figures/hyperparams.png", "figures/signal.png",
+                     "meta-params/best_meta_params.json",
                      "meta-params/best_meta_params.msgpack"}
     got = client.download_artifacts(run.info.run_id, "meta-params/best_meta_params.json", str(cwd))
     assert open(got).read() == (run_dir / "best_meta_params.json").read_text()
