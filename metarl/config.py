@@ -95,6 +95,7 @@ class MlflowSection:
 @dataclasses.dataclass(frozen=True)
 class LoggerSection:
     progress: bool = True
+    verbose: bool = False    # third-party libraries' lines on the console too (metarl.launch.NOISE)
     wandb: WandbSection = WandbSection()
     mlflow: MlflowSection = MlflowSection()
 

@@ -556,7 +556,7 @@ def load_formula(run_dir: Path, k: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, opts = parse_args(argv, {"generation": (_generation_arg, "best"), "max_size": (int, 25),
-                                      "seed": (int, 0), "evaluations": (int, 200_000), "samples": (int, 2000)})
+                                      "seed": (int, 0), "evaluations": (int, 200_000), "samples": (int, 2000)}, __doc__)
     for name, least in (("max_size", 3), ("evaluations", 1000), ("samples", 10)):
         if opts[name] < least:
             fail(f"{name}: {opts[name]}; allowed: >= {least}")

@@ -5,9 +5,10 @@ With ``distilled=K`` formula K of the run's ``metarl.distill`` front (RUN_DIR/di
 side, trained on the same keys and scored against the baseline as the learned side is.
 
 Prints one table (task, trained-on or held-out, learned and baseline mean with 95% CIs, the learned
-side's normalised score, Welch's p) and, per split, rliable's interquartile mean of the normalised
-scores with stratified-bootstrap CIs and the probability of improvement. A normalised score is
-(R - random policy) / (baseline mean - random policy) on that task, so the baseline scores 1.
+side's normalised score, Welch's p) and, per split, the interquartile mean of the normalised scores
+with stratified-bootstrap CIs and the probability of improvement (rliable's estimators, computed by
+``metarl.stats``). A normalised score is (R - random policy) / (baseline mean - random policy) on
+that task, so the baseline scores 1.
 
 Per task it trains ``num_seeds`` agents with the run's best exported meta-parameters and as many with
 the baseline (L2 value loss / PPO's clipped objective / the trainer's config unchanged for a
@@ -251,31 +252,20 @@ def normalized_scores(final: np.ndarray, baseline_mean: float, random_mean: floa
 
 
 def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> dict:
-    """rliable's interquartile mean of the normalised scores (seeds x tasks) per side, with stratified
-    bootstrap 95% CIs, and the probability that the learned side improves on the baseline."""
-    import warnings
+    """The interquartile mean of the normalised scores (seeds x tasks) per side, with stratified
+    bootstrap 95% CIs, and the probability that the learned side improves on the baseline
+    (``metarl.stats``: rliable's estimators and bootstrap). The bootstrap is seeded: the same scores
+    give the same CIs."""
+    from metarl import stats
 
-    rng_state = np.random.RandomState(0)  # the bootstrap is seeded: the same scores give the same CIs
-    with warnings.catch_warnings():  # rliable hands arch a RandomState, which arch 7 calls deprecated
-        warnings.simplefilter("ignore", FutureWarning)
-        return _aggregate(learned, baseline, reps, rng_state)
-
-
-def _aggregate(learned, baseline, reps, rng_state) -> dict:
-    from rliable import library as rly
-    from rliable import metrics
-
-    point, interval = rly.get_interval_estimates(
-        {"learned": learned, "baseline": baseline}, lambda x: np.array([metrics.aggregate_iqm(x)]),
-        reps=reps, random_state=rng_state)
-    p_point, p_interval = rly.get_interval_estimates(
-        {"p": (learned, baseline)}, metrics.probability_of_improvement, reps=reps, random_state=rng_state)
+    rng = np.random.RandomState(0)
+    iqm_learned, ci_learned = stats.interval(stats.iqm, (learned,), reps, rng)
+    iqm_baseline, ci_baseline = stats.interval(stats.iqm, (baseline,), reps, rng)
+    p, ci_p = stats.interval(stats.probability_of_improvement, (learned, baseline), reps, rng)
     return {"tasks": int(learned.shape[1]),
-            "iqm_learned": float(point["learned"][0]), "iqm_learned_ci95": [float(v) for v in interval["learned"][:, 0]],
-            "iqm_baseline": float(point["baseline"][0]),
-            "iqm_baseline_ci95": [float(v) for v in interval["baseline"][:, 0]],
-            "probability_of_improvement": float(p_point["p"]),
-            "probability_of_improvement_ci95": [float(v) for v in np.ravel(p_interval["p"])]}
+            "iqm_learned": iqm_learned, "iqm_learned_ci95": ci_learned,
+            "iqm_baseline": iqm_baseline, "iqm_baseline_ci95": ci_baseline,
+            "probability_of_improvement": p, "probability_of_improvement_ci95": ci_p}
 
 
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
@@ -411,7 +401,7 @@ def format_report(report: dict) -> str:
                          f"{ci(agg['iqm_learned_ci95'])} vs baseline {agg['iqm_baseline']:.3f} "
                          f"{ci(agg['iqm_baseline_ci95'])}; P({side} > baseline) = "
                          f"{agg['probability_of_improvement']:.3f} {ci(agg['probability_of_improvement_ci95'])}")
-    lines.append(f"({' and '.join([learned, *formula])} vs {baseline}; stratified bootstrap CIs from rliable)")
+    lines.append(f"({' and '.join([learned, *formula])} vs {baseline}; stratified bootstrap CIs as rliable computes them)")
     if "learned_values" in report:
         lines.append("hyperparameters (learned | baseline): " + ", ".join(
             f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))
@@ -455,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, opts = parse_args(argv, {"env": (str, None), "num_seeds": (int, 32), "total_timesteps": (int, None),
                                       "num_processes": (_processes_arg, "auto"), "tasks": (_tasks_arg, None),
-                                      "distilled": (_distilled_arg, None)})
+                                      "distilled": (_distilled_arg, None)}, __doc__)
     if opts["tasks"] is not None and (opts["env"] or opts["total_timesteps"]):
         fail("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
     if opts["num_seeds"] < 2:

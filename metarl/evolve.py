@@ -346,7 +346,7 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[st
         if local_launch:  # every process gets the same arguments and the same run directory, and the lock
             from metarl.launch import launch
 
-            return launch(child_args, num_processes, lock=lock)
+            return launch(child_args, num_processes, lock=lock, verbose=cfg.logger.verbose)
 
         if jax.process_index() == 0:
             config_lib.save(cfg, run_dir)

@@ -28,10 +28,11 @@ def fail(message: str):
     raise SystemExit(EXIT_BAD_INPUT)
 
 
-def parse_args(argv: list[str], allowed: dict) -> tuple[Path, dict]:
-    """``RUN_DIR key=value ...`` with ``allowed`` mapping each key to (type, default)."""
+def parse_args(argv: list[str], allowed: dict, usage: str | None = None) -> tuple[Path, dict]:
+    """``RUN_DIR key=value ...`` with ``allowed`` mapping each key to (type, default); ``usage``: the
+    calling command's module docstring, printed for ``--help`` or no arguments."""
     if not argv or argv[0] in ("-h", "--help"):
-        print(sys.modules["__main__"].__doc__ or __doc__)
+        print(usage or __doc__)
         raise SystemExit(0 if argv else EXIT_BAD_INPUT)
     run_dir, options = Path(argv[0]), {k: default for k, (_, default) in allowed.items()}
     for arg in argv[1:]:
@@ -283,7 +284,7 @@ def inspect_run(run_dir: str | Path, error_range: float = 5.0, loaded: tuple | N
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    run_dir, options = parse_args(argv, {"error_range": (float, 5.0)})
+    run_dir, options = parse_args(argv, {"error_range": (float, 5.0)}, __doc__)
     if not options["error_range"] > 0:
         fail(f"error_range: {options['error_range']}; allowed: > 0")
     for path in inspect_run(run_dir, options["error_range"]):

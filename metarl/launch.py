@@ -8,21 +8,50 @@ arguments plus ``METARL_COORDINATOR`` / ``METARL_PROCESS_ID``, forwards SIGINT/S
 the others if one fails, and returns the worst exit code. The run stops as one whatever stops it:
 each child dies with the parent (``die_with_launcher``), so a parent killed outright (SIGKILL, the
 out-of-memory killer) leaves no process running and the run directory free for the same command.
+
+The children's stdout and stderr reach the console through the parent, line by line and in each
+process's order, less the lines of third-party libraries that say nothing a user acts on (``NOISE``:
+the collective library's ``[Gloo] Rank 1 is connected to 1 peer ranks`` as the processes join);
+``logger.verbose=true`` keeps them.
 """
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from typing import Optional
+from typing import BinaryIO, Optional, TextIO
 
 # Signals that stop a run after the generation in flight, with a checkpoint (``metarl.runner``); the
 # parent of a launch passes them on to its children. SIGHUP is what a closed terminal sends.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ENV_LAUNCHER = "METARL_LAUNCHER_PID"
+
+
+# Lines a child writes that come from third-party C++ libraries and carry no news for a user: gloo
+# (the CPU collectives jax uses between processes) prints one to stdout per process when they connect.
+NOISE = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+
+
+_CONSOLE = threading.Lock()  # one whole line at a time, whichever child it comes from
+
+
+def relay(source: BinaryIO, sink: TextIO, verbose: bool) -> None:
+    """Copy a child's output to ``sink`` line by line until it closes, leaving out ``NOISE`` unless
+    ``verbose``. A console that has gone away drops the lines; the child is never blocked by it."""
+    for line in iter(source.readline, b""):
+        if verbose or not NOISE.match(line):
+            try:
+                with _CONSOLE:
+                    sink.write(line.decode(errors="replace"))
+                    sink.flush()
+            except (OSError, ValueError):  # a closed terminal or pipe; a closed stream
+                pass
+    source.close()
 
 
 def free_port() -> int:
@@ -85,27 +114,37 @@ def _worst(codes: list[int]) -> int:
     return max(codes, key=lambda c: (c != 0, c))
 
 
-def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock=None) -> int:
+def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock=None, verbose: bool = False) -> int:
     """Run ``python -m metarl.evolve *argv`` as ``num_processes`` processes; returns the worst exit code.
 
     ``lock``: the run directory's lock (a ``metarl.runlock.RunLock``), held by this parent and inherited
     by every child, so the directory stays locked while any of them lives; the children are named in it.
+    ``verbose``: pass on the third-party lines (``NOISE``) too.
     """
     from metarl import runlock
 
     port = free_port()
     children: list[subprocess.Popen] = []
+    relays: list[threading.Thread] = []
     sets = core_sets(num_processes)
     for pid, cores in enumerate(sets):
+        # PYTHONUNBUFFERED: each line reaches the pipe as it is written, so the console stays live.
         env = dict(os.environ, METARL_COORDINATOR=f"127.0.0.1:{port}", METARL_PROCESS_ID=str(pid),
-                   METARL_NUM_PROCESSES=str(num_processes), **{ENV_LAUNCHER: str(os.getpid())})
+                   METARL_NUM_PROCESSES=str(num_processes), PYTHONUNBUFFERED="1",
+                   **{ENV_LAUNCHER: str(os.getpid())})
         if lock is not None:
             env[runlock.ENV_FD] = str(lock.fd)
         if cores:
             env["METARL_CPUS"] = ",".join(map(str, sorted(cores)))  # devices.setup pins itself
         # Own session: a Ctrl-C in the terminal reaches the parent only, which forwards it once.
-        children.append(subprocess.Popen([sys.executable, "-m", "metarl.evolve", *argv], env=env,
-                                         start_new_session=True, pass_fds=() if lock is None else (lock.fd,)))
+        child = subprocess.Popen([sys.executable, "-m", "metarl.evolve", *argv], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True, pass_fds=() if lock is None else (lock.fd,))
+        children.append(child)
+        for source, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr)):
+            relays.append(threading.Thread(target=relay, args=(source, sink, verbose), daemon=True,
+                                           name=f"metarl-relay-{pid}"))
+            relays[-1].start()
     if lock is not None:
         runlock.name_children(lock, [child.pid for child in children])
 
@@ -141,3 +180,8 @@ def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock=None) 
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        # The children's last lines; a process a child started and left running (holding its end of
+        # the pipe) delays this by a few seconds at most.
+        deadline = time.monotonic() + 5
+        for thread in relays:
+            thread.join(max(0.0, deadline - time.monotonic()))

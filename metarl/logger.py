@@ -105,7 +105,8 @@ def _duration(seconds: float) -> str:
 class Logger:
     def __init__(self, run_dir: Path, config: dict, total_generations: int, progress: bool = True,
                  wandb_cfg: Optional[dict] = None, write: bool = True, run_name: str = "",
-                 task_names: Optional[list] = None, mlflow_cfg: Optional[MlflowSection] = None):
+                 task_names: Optional[list] = None, mlflow_cfg: Optional[MlflowSection] = None,
+                 verbose: bool = False):
         self.run_dir = Path(run_dir)
         self.total = total_generations
         self.progress = progress and write
@@ -117,8 +118,11 @@ class Logger:
         if write and wandb_cfg and wandb_cfg.get("mode", "disabled") != "disabled":
             import wandb
 
+            # wandb's footer (the run's history and summary, some 30 lines) repeats metrics.jsonl and the
+            # last progress line; quiet keeps its lines on where the run is saved and how to sync it.
+            quiet = {} if verbose or "WANDB_QUIET" in os.environ else {"settings": wandb.Settings(quiet=True)}
             # A sweep's runs share `group` (null: each run stands alone).
-            self.wandb_run = wandb.init(project=wandb_cfg.get("project", "metarl"),
+            self.wandb_run = wandb.init(**quiet, project=wandb_cfg.get("project", "metarl"),
                                         entity=wandb_cfg.get("entity"), mode=wandb_cfg["mode"],
                                         group=wandb_cfg.get("group"), tags=list(wandb_cfg.get("tags") or []),
                                         dir=str(self.run_dir), config=config,

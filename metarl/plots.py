@@ -379,7 +379,7 @@ def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure
 def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, baseline: str,
                        formula: Optional[str] = None) -> Figure:
     """Left: each task's normalised score (mean and 95% CI over seeds) for each side, held-out tasks
-    shaded; right: rliable's interquartile mean per split with its bootstrap CI. ``formula``: a third
+    shaded; right: the interquartile mean per split with its stratified bootstrap CI. ``formula``: a third
     side (a distilled formula), whose aggregates are ``aggregates[split]["formula"]``."""
     fig = new_figure(11, 4.2)
     ax, agg = fig.subplots(1, 2, width_ratios=[3, 1])
@@ -413,5 +413,5 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
     agg.set_xticks(np.arange(len(names)), [f"{n}\nP(improve) {aggregates[n]['probability_of_improvement']:.2f}"
                                            for n in names], fontsize=8)
     agg.set_xlim(-0.6, len(names) - 0.4)
-    agg.set_title("IQM (rliable)", fontsize=9)
+    agg.set_title("IQM (stratified bootstrap 95% CI)", fontsize=9)
     return fig

@@ -137,7 +137,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     config_dict = cfg.to_dict()
     logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
                     wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
-                    mlflow_cfg=cfg.logger.mlflow)
+                    mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
     logger.catch_up(history)
     reference = reference_for(cfg, task, run_dir, write=is_main, logger=logger)
     if reference is not None:  # the same state, scored against the reference

@@ -5,6 +5,7 @@ hang fails the test instead of the session. The runs here leave the optimisation
 ``XLA_FLAGS``, so metarl compiles with its own compiler options, as a user's run does.
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -70,11 +71,23 @@ def test_two_forced_cpu_devices_match_one_device(tmp_path, one_device):
     assert_same_run(one_device, tmp_path / "run")
 
 
+# Every line a default run prints: metarl's own (run_dir, compile time, progress, the summary).
+OWN_LINES = re.compile(r"(run directory: |compiled the generation in |gen +\d+/\d+ \| |done: \d+ generations)")
+
+
 @pytest.mark.timeout(300)
 def test_two_processes_match_one_process_and_write_one_run_dir(tmp_path, one_device):
-    proc = ok(evolve([*ARGS, "devices.num_processes=2"], cwd=tmp_path))
+    # With the progress lines, as a default run prints them.
+    proc = ok(evolve([*[a for a in ARGS if a != "logger.progress=false"], "devices.num_processes=2"], cwd=tmp_path))
     assert "on 2 device(s)" in proc.stdout + proc.stderr
     assert proc.stdout.count("run directory:") == 1 and proc.stdout.count("done:") == 1
+    # The console holds metarl's lines only (no gloo "[Gloo] Rank 1 is connected ..."), in order.
+    assert proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line for line in lines if not OWN_LINES.match(line)] == [], proc.stdout
+    assert [line.split("|")[0].split()[1] for line in lines if line.startswith("gen ")] == \
+        [f"{g}/{GENS}" for g in range(1, GENS + 1)]
+    assert lines[0].startswith("run directory:") and lines[-1].startswith("done:")
     runs = list((tmp_path / "checkpoints").iterdir())
     assert len(runs) == 1, runs
     assert len((runs[0] / "metrics.jsonl").read_text().splitlines()) == GENS
@@ -84,8 +97,10 @@ def test_two_processes_match_one_process_and_write_one_run_dir(tmp_path, one_dev
     cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
     assert any(name.startswith("metarl-multiprocess-") for name in os.listdir(cache))
     again = tmp_path / "again"
-    ok(evolve([*ARGS, "devices.num_processes=2", f"run_dir={again}"], cwd=tmp_path))
+    proc = ok(evolve([*ARGS, "devices.num_processes=2", f"run_dir={again}", "logger.verbose=true"], cwd=tmp_path))
     assert_same_run(one_device, again)
+    # logger.verbose=true passes on the third-party lines too: gloo's, one per process.
+    assert sorted(re.findall(r"\[Gloo\] Rank (\d) is connected", proc.stdout)) == ["0", "1"], proc.stdout
 
 
 @pytest.mark.timeout(300)

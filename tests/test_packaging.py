@@ -106,6 +106,13 @@ def test_editable_install_from_a_research_project_with_package_folders(tmp_path)
 def test_non_editable_install_from_a_research_project_with_plain_folders(tmp_path, site):
     assert (site / "metarl" / "experiments" / "value_loss.yaml").exists()
     assert not (site / "experiments").exists() and not (site / "inner_loops").exists()
+    # The console entry points, each printing its own usage.
+    for name in ("evolve", "inspect", "evaluate", "distill"):
+        script = site / "bin" / f"metarl-{name}"
+        assert script.exists(), sorted(p.name for p in (site / "bin").iterdir())
+        if name != "evolve":  # evolve's --help composes every experiment's config: seconds more
+            proc = _run([str(script), "--help"], tmp_path, site)
+            assert proc.returncode == 0 and proc.stdout.startswith(f"``python -m metarl.{name} RUN_DIR"), proc
     _check_project(_research_project(tmp_path / "project", package_init=False), pythonpath=site,
                    expect_prefix=site)
 

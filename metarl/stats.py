@@ -1,0 +1,48 @@
+"""Aggregate statistics over tasks with stratified bootstrap confidence intervals, in numpy and scipy.
+
+The estimators and the bootstrap of rliable (Agarwal et al., 2021, "Deep RL at the edge of the
+statistical precipice"), computed the same way: scores are arrays of shape (runs, tasks); each
+bootstrap replicate draws runs with replacement within each task (the tasks stay fixed), each
+array of a pair on its own, and a 95% interval is the 2.5th and 97.5th percentile of the replicates
+(rliable's default ``percentile`` method). Given a ``numpy.random.RandomState`` seeded like numpy's
+global generator, ``interval`` draws the same indices in the same order as
+``rliable.library.get_interval_estimates`` and returns the same numbers (tests/test_stats.py).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import scipy.stats
+
+
+def iqm(scores: np.ndarray) -> float:
+    """Interquartile mean over all runs and tasks: the mean of the middle 50% (a 25% trimmed mean)."""
+    return float(scipy.stats.trim_mean(scores, proportiontocut=0.25, axis=None))
+
+
+def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
+    """P(X > Y) per task from the Mann-Whitney U statistic (ties count half), averaged over tasks; 0.5
+    on a task whose two columns are equal."""
+    per_task = []
+    for task in range(x.shape[1]):
+        if np.array_equal(x[:, task], y[:, task]):
+            per_task.append(0.5)
+        else:
+            u = scipy.stats.mannwhitneyu(x[:, task], y[:, task], alternative="greater").statistic
+            per_task.append(u / (x.shape[0] * y.shape[0]))
+    return float(np.mean(per_task))
+
+
+def interval(statistic: Callable[..., float], scores: tuple[np.ndarray, ...], reps: int,
+             rng: np.random.RandomState, size: float = 0.95) -> tuple[float, list[float]]:
+    """``statistic(*scores)`` and its stratified bootstrap interval of coverage ``size`` from ``reps``
+    replicates: ``(point, [lower, upper])``."""
+    columns = [np.arange(s.shape[1])[None, :] for s in scores]
+    results = np.empty(reps)
+    for rep in range(reps):
+        resampled = [s[rng.choice(s.shape[0], s.shape, replace=True), c] for s, c in zip(scores, columns)]
+        results[rep] = statistic(*resampled)
+    alpha = (1.0 - size) / 2
+    lower, upper = np.percentile(results, [100 * alpha, 100 * (1.0 - alpha)])
+    return float(statistic(*scores)), [float(lower), float(upper)]
