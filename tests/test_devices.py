@@ -71,8 +71,8 @@ def test_two_forced_cpu_devices_match_one_device(tmp_path, one_device):
     assert_same_run(one_device, tmp_path / "run")
 
 
-# Every line a default run prints: metarl's own (run_dir, compile time, progress, the summary).
-OWN_LINES = re.compile(r"(run directory: |compiled the generation in |gen +\d+/\d+ \| |done: \d+ generations)")
+# Every line a default run prints: metarl's own (run_dir, compile time, its notes, progress, the summary).
+OWN_LINES = re.compile(r"(run directory: |compiled the generation in |note: |gen +\d+/\d+ \| |done: \d+ generations)")
 
 
 @pytest.mark.timeout(300)

@@ -63,9 +63,9 @@ def test_offline_run_holds_histograms_search_figures_and_the_best_as_an_artifact
 
     images = {k.split("/")[1]: v for h in history for k, v in h.items()
               if k.startswith("figures/") and k.endswith("/_type")}
-    assert images == {"fitness": "image-file", "hyperparams": "image-file"}
+    assert images == {"fitness": "image-file", "hyperparams": "image-file", "signal": "image-file"}
     pngs = sorted(p.name for p in (offline / "files" / "media" / "images" / "figures").glob("*.png"))
-    assert len(pngs) == 2 and pngs[0].startswith("fitness_") and pngs[1].startswith("hyperparams_")
+    assert [p.split("_")[0] for p in pngs] == ["fitness", "hyperparams", "signal"], pngs
 
     (artifact,) = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
     assert artifact.type == "meta-params" and artifact.name == "run-meta-params"
