@@ -426,8 +426,9 @@ def check_memory(cfg: RunConfig, task: Task, available_bytes: Optional[int], mem
     """Refuse a generation that cannot fit; returns the estimate in bytes.
 
     One generation trains ``members_here`` (this device's share of es.popsize) x fitness.num_seeds
-    agents at once, vmapped, so, in float32 bytes:
-        4 * members_here * num_seeds * run_floats * 2 (XLA's temporaries, _XLA_OVERHEAD)
+    agents at once, vmapped, and with ``fitness.control`` one control per seed beside them on every
+    device, so, in float32 bytes:
+        4 * (members_here + control) * num_seeds * run_floats * 2 (XLA's temporaries, _XLA_OVERHEAD)
         + 4 * es.popsize * num_dims * 3 (population, noise, shaped fitness) [+ 4 * num_dims^2 * 2 for CMA_ES]
     where run_floats is one member's training storage, all its tasks together (``_run_floats``).
     Rough on purpose: it is meant to catch a setting that is off by orders of magnitude before it
@@ -436,7 +437,8 @@ def check_memory(cfg: RunConfig, task: Task, available_bytes: Optional[int], mem
     run_floats = sum(_run_floats(task.algo, inner) for inner in task.inner_configs)  # every task at once
     num_dims = sum(int(np.size(x)) for x in jax.tree.leaves(task.template))
     es_floats = 3 * cfg.es.popsize * num_dims + (2 * num_dims ** 2 if cfg.es.strategy == "CMA_ES" else 0)
-    need = 4 * (members_here * cfg.fitness.num_seeds * run_floats * _XLA_OVERHEAD + es_floats)
+    runs = (members_here + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds
+    need = 4 * (runs * run_floats * _XLA_OVERHEAD + es_floats)
     if available_bytes and need > available_bytes:
         # Name the setting furthest above its default as the one to shrink first.
         excess = {"es.popsize": cfg.es.popsize / 16, "fitness.num_seeds": cfg.fitness.num_seeds / 2,

@@ -149,3 +149,15 @@ def test_a_run_with_the_baseline_as_control(tmp_path):
 
     assert inspect.main([str(run_dir)]) == 0
     assert (run_dir / "figures" / "signal.png").is_file()
+
+
+def test_the_memory_estimate_counts_the_controls_runs():
+    from metarl.tasks import build_task, check_memory
+
+    need = {}
+    for control in ("none", "baseline"):
+        cfg = load("value_loss", ["fitness.num_seeds=3", f"fitness.control={control}"])
+        need[control] = check_memory(cfg, build_task(cfg), None, members_here=4)
+    # One more training per seed: a quarter more of the members' share (the ES's own floats aside).
+    per_run = (need["baseline"] - need["none"]) / 3
+    assert per_run > 0 and need["none"] > 4 * 3 * per_run
