@@ -7,7 +7,7 @@ structure, run in the same process. Timed runs of the two alternate, so machine 
 
 Prints one JSON object: median steps/s of each after compilation, their ratio, compile seconds,
 and the published figures for context (15.8k steps/s on its authors' machine; that code ran
-at 15.9k on a 2-core CPU with jax 0.10.2, which this project cannot use, see README).
+at 15.9k on a 2-core CPU with jax 0.10.2, which this project cannot use, see docs/performance.md).
 
 ``--cores 1`` pins the process to one core before jax starts: a single small agent runs faster
 there, because XLA's CPU runtime otherwise hands independent operations to a second thread and the

@@ -13,7 +13,7 @@ object to stdout (progress goes to stderr):
 - per agent count: ``ratio_metarl_over_reference`` of frames/s (> 1 means metarl is faster);
 - jax version, device count, ``os.cpu_count()``, the CPUs the process may use, and ``XLA_FLAGS``.
 
-Usage (run under ``timeout``: jax 0.10 can deadlock on 2 CPU cores, see README, "Which jax")::
+Usage (run under ``timeout``: jax 0.10 can deadlock on 2 CPU cores, see docs/performance.md, "Which jax")::
 
     timeout 1800 python benchmarks/ppo_throughput.py [--agents 1 8 32] [--repeats 3]
         [--total-timesteps 500000] [--impl metarl reference] [--compile default|metarl]

@@ -49,7 +49,7 @@ class ESConfig:
                              f"({UNSUPPORTED[self.strategy]}); allowed: {', '.join(STRATEGIES)}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"es.strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)} "
-                             f"(not: {', '.join(UNSUPPORTED)}, see the README)")
+                             f"(not: {', '.join(UNSUPPORTED)}, see docs/extending.md)")
         return STRATEGIES[self.strategy]
 
     def validate(self) -> "ESConfig":

@@ -12,7 +12,7 @@ TINY = ["es.popsize=4", "fitness.num_seeds=1", "inner.num_envs=2", "inner.num_st
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
-# The first flag stopped XLA's CPU scheduler deadlocking small vmapped programs on jax 0.10 (README,
+# The first flag stopped XLA's CPU scheduler deadlocking small vmapped programs on jax 0.10 (docs/performance.md,
 # "Which jax"); harmless on the jax we pin, kept as a second guard beside pytest-timeout. The second
 # compiles every program of the suite at the level metarl's own programs use on CPU
 # (``metarl.devices.CPU_COMPILER_OPTIONS``), which about halves compile time, most of the suite's.

@@ -58,7 +58,7 @@ def test_other_experiments_run(tmp_path, experiment):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
 
 
-# The README's plug-in experiment (examples/experiments/huber_value_loss.yaml), here with the copy of
+# The plug-in experiment of docs/extending.md (examples/experiments/huber_value_loss.yaml), here with the copy of
 # its component in tests/plugins.py, so the run does not depend on the working directory.
 HUBER = [f"experiments_dir={REPO / 'examples' / 'experiments'}", "experiment=huber_value_loss",
          "component._target_=plugins.HuberValueLoss", "component.delta_init=2.0"]
