@@ -4,6 +4,7 @@ says what is allowed (``ConfigError``); nothing is compiled before the config is
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -328,92 +329,82 @@ def hydra_overrides(overrides: list[str]) -> list[str]:
     return [o if o.startswith(("+", "~")) or is_hydra_override(o) else "++" + o for o in overrides]
 
 
-def hydra_app(experiments_dir: Optional[str] = None):
-    """Hydra's application object over the experiment folders: a user's ``experiments_dir`` first (its
+@contextlib.contextmanager
+def hydra_context(experiments_dir: Optional[str] = None):
+    """Hydra initialised over the experiment folders (its public compose API), yielding Hydra's global
+    state: compose inside it. The user's ``experiments_dir`` (checked) is the primary folder, so its
     files are found by name and can list the shipped ``base``, or any shipped experiment, in their
-    defaults), then the shipped ones. It composes configs and runs sweeps (``metarl.sweep``).
-    ``experiments_dir`` must already be checked (``check_experiments_dir``)."""
-    from hydra import version
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
+    defaults; the shipped folder comes next (``search_path``)."""
+    from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    version.setbase("1.3")  # no chdir into the output directory, no deprecation warnings
     GlobalHydra.instance().clear()
-    search = create_config_search_path(Path(experiments_dir or EXPERIMENTS_DIR).as_uri())
-    if experiments_dir:  # right after the user's folder (Hydra's structured configs must stay last)
-        search.append("metarl", EXPERIMENTS_DIR.as_uri(), anchor=SearchPathQuery(provider="main"))
-    return Hydra.create_main_hydra2("metarl", search)
+    with initialize_config_dir(config_dir=str(experiments_dir or EXPERIMENTS_DIR), version_base="1.3"):
+        yield GlobalHydra.instance()
 
 
-def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None,
-            multirun: bool = False, app=None):
-    """Hydra's composition of ``<experiment>.yaml`` with ``overrides`` (the run's and Hydra's own):
-    the whole config as a DictConfig, Hydra's section included. ``multirun``: as for a sweep, where
-    ``key=a,b`` lists values to sweep; otherwise such a value is refused. ``app``: a ``hydra_app``
-    to compose with (one is made otherwise)."""
+def search_path(experiments_dir: Optional[str]) -> list[str]:
+    """Hydra's override adding the shipped experiments after a user's folder (none without one)."""
+    return [f"hydra.searchpath=[{EXPERIMENTS_DIR.as_uri()}]"] if experiments_dir else []
+
+
+def check_overrides(overrides: list[str], multirun: bool = False) -> list:
+    """Every override read and checked on its own before composing, so a bad one is named from the
+    start: malformed (``parse_overrides``), several values without ``-m``, or a config group option
+    that does not exist. Call inside ``hydra_context``. Returns Hydra's parsed overrides."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    parsed = parse_overrides(overrides)
+    loader = GlobalHydra.instance().config_loader()
+    for override in parsed:
+        key = override.key_or_group
+        if override.is_sweep_override() and not multirun:
+            raise ConfigError(f"{key}: {override.input_line!r} lists several values; allowed: one value, a list "
+                              "written [a,b], or -m to sweep over the values (one run each)")
+        if "/" in key and not override.is_sweep_override() and not override.is_delete():
+            options = loader.get_group_options(key)
+            if override.value() not in options:
+                raise ConfigError(f"{key}: unknown option {override.value()!r}; allowed: {', '.join(sorted(options))}")
+    return parsed
+
+
+def composition_error(err: Exception) -> ConfigError:
+    """Hydra's failure to compose, as one line naming the setting it failed on (OmegaConf's key)."""
+    text = str(err).strip()
+    first = (text.splitlines()[0] if text else type(err).__name__).replace("++", "").rstrip(".")
+    key = getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None) or "overrides"
+    allowed = ("a key of Hydra's config (`python -m metarl.evolve experiment=NAME --cfg hydra` shows them)"
+               if str(key).startswith("hydra") else "a value of the setting's type (see experiments/base.yaml), "
+               "as key=value")
+    return ConfigError(f"{key}: {first}; allowed: {allowed}")
+
+
+def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None):
+    """Hydra's composition of ``<experiment>.yaml`` with ``overrides`` (the run's and Hydra's own): the
+    whole config as a DictConfig, Hydra's section included. Call inside ``hydra_context``;
+    ``experiments_dir`` is the checked folder it was made with."""
+    from hydra import compose as hydra_compose
     from hydra.errors import HydraException
-    from hydra.types import RunMode
     from omegaconf.errors import OmegaConfBaseException
 
-    experiments_dir = check_experiments_dir(experiments_dir)
+    check_experiment(experiment, experiments_dir)
+    check_overrides(overrides)
+    try:
+        return hydra_compose(experiment, [*hydra_overrides(overrides), *search_path(experiments_dir)],
+                             return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise composition_error(err) from None
+
+
+def check_experiment(experiment: str, experiments_dir: Optional[str]) -> None:
     if experiment not in available_experiments(experiments_dir):
         raise ConfigError(f"experiment: unknown experiment {experiment!r}; allowed: "
                           f"{', '.join(available_experiments(experiments_dir))}")
-    parse_overrides(overrides)  # a malformed override is named here, not after the prefix Hydra gets
-    forced = hydra_overrides(overrides)
-    app = app or hydra_app(experiments_dir)
-    mode = RunMode.MULTIRUN if multirun else RunMode.RUN
-
-    def run(some):
-        return app.compose_config(config_name=experiment, overrides=some, run_mode=mode,
-                                  with_log_configuration=False)
-
-    try:
-        return run(forced)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(_composition_error(err, overrides, forced, run)) from None
-
-
-def _composition_error(err: Exception, overrides: list[str], forced: list[str], run) -> str:
-    """One line for a failed composition, naming the override that fails: Hydra's message may name
-    none, or name the ``++`` form. Groups (``hydra/launcher=...``) are applied before any value
-    whatever their order, so they are tried first, then the values one more at a time."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    text = str(err).strip()
-    first = text.splitlines()[0] if text else type(err).__name__
-    groups = [i for i, o in enumerate(overrides) if "/" in override_key(o)]
-    values = [i for i in range(len(overrides)) if i not in groups]
-    trials = [groups[:n + 1] for n in range(len(groups))] + [groups + values[:n + 1] for n in range(len(values))]
-    key = "overrides"
-    for trial in trials:
-        try:
-            run([forced[i] for i in trial])
-        except (HydraException, OmegaConfBaseException):
-            key = override_key(overrides[trial[-1]])
-            break
-    if "Available options in" in text:  # an unknown config group option: Hydra lists the others
-        options = []
-        for line in text.split("Available options in", 1)[1].splitlines()[1:]:
-            if not line.startswith("\t"):
-                break
-            options.append(line.strip())
-        allowed = ", ".join(options)
-    elif "Ambiguous value" in first or "requires --multirun" in first:
-        allowed = "one value, a list written [a,b], or -m to sweep over the values (one run each)"
-    elif key.startswith("hydra"):
-        allowed = ("a key of Hydra's config (`python -m metarl.evolve experiment=NAME --cfg hydra` shows them), "
-                   "or a group option such as hydra/launcher=joblib")
-    else:
-        allowed = "a value of the setting's type (see experiments/base.yaml), as key=value"
-    return f"{key}: {first.replace('++', '').rstrip('.')}; allowed: {allowed}"
 
 
 def from_composed(composed, experiments_dir: Optional[str] = None) -> RunConfig:
-    """The checked config of a composition (``compose``, or a sweep's job), without Hydra's section."""
+    """The checked config of a composition (``compose``, or a sweep's job), without Hydra's section;
+    ``experiments_dir``: the checked folder it was composed with."""
     import copy
 
     from omegaconf import OmegaConf, open_dict
@@ -428,12 +419,15 @@ def from_composed(composed, experiments_dir: Optional[str] = None) -> RunConfig:
         key = getattr(err, "full_key", None) or "config"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}; allowed: a value, or an interpolation that "
                           "resolves") from None
-    data["experiments_dir"] = check_experiments_dir(experiments_dir)
+    data["experiments_dir"] = experiments_dir
     return from_dict(data)
 
 
 def load(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None) -> RunConfig:
-    return from_composed(compose(experiment, overrides, experiments_dir), experiments_dir)
+    """The checked config of ``experiment`` with ``overrides``, as a run would get it."""
+    experiments_dir = check_experiments_dir(experiments_dir)
+    with hydra_context(experiments_dir):
+        return from_composed(compose(experiment, overrides, experiments_dir), experiments_dir)
 
 
 def from_dict(data: dict) -> RunConfig:

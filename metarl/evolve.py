@@ -29,7 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from metarl.config import CONFIG_FILE
+from metarl import config as config_lib
+from metarl.config import CONFIG_FILE, ConfigError
 
 EXIT_BAD_INPUT = 2
 SPECIAL_KEYS = ("experiment", "resume", "experiments_dir")
@@ -53,6 +54,7 @@ class CommandLine:
     args: list            # every KEY=VALUE as given (metarl's keys too): what a run's processes are started with
     special: dict         # experiment, resume, experiments_dir
     overrides: list       # the rest: the run's settings and Hydra's (hydra.*, hydra/...)
+    experiments_dir: Optional[str] = None   # special["experiments_dir"], checked and absolute
     multirun: bool = False
     cfg: Optional[str] = None
     package: Optional[str] = None
@@ -106,6 +108,10 @@ def parse_command_line(argv: list[str]) -> CommandLine:
             cli.args.pop()
         else:
             cli.overrides.append(arg)
+    try:
+        cli.experiments_dir = config_lib.check_experiments_dir(cli.special.get("experiments_dir"))
+    except ConfigError as err:
+        fail(str(err))
     return cli
 
 
@@ -119,31 +125,21 @@ def unique_dir(path: Path) -> Path:
     return candidate
 
 
-def missing_experiment(special: dict):
-    from metarl import config as config_lib
-
-    try:
-        experiments_dir = config_lib.check_experiments_dir(special.get("experiments_dir"))
-    except config_lib.ConfigError as err:
-        fail(str(err))
-    fail("experiment: missing; allowed: experiment=" + "|".join(config_lib.available_experiments(experiments_dir))
+def missing_experiment(cli: CommandLine):
+    fail("experiment: missing; allowed: experiment=" + "|".join(config_lib.available_experiments(cli.experiments_dir))
          + " (or resume=RUN_DIR)")
 
 
 def _read_saved(run_dir: Path, field: str) -> dict:
-    from metarl import config as config_lib
-
     try:
         return config_lib.read_saved(run_dir)
-    except config_lib.ConfigError as err:
+    except ConfigError as err:
         fail(f"{field}: {err}")
 
 
 def _apply_overrides(saved: dict, overrides: list[str]) -> dict:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
-
-    from metarl import config as config_lib
 
     # Hydra's reading of each value, as on a first run, so a value means the same on a resume.
     merged = OmegaConf.create(saved)
@@ -172,8 +168,6 @@ def resolve(cli: CommandLine):
     """From the command line to ``(RunConfig, run_dir, resuming, named)``, refusing anything unsafe
     and writing nothing; ``named`` says the user chose the run directory (``run_dir=`` or Hydra's
     ``hydra.run.dir=``; ``run_dir`` wins); otherwise it is ``hydra.run.dir``'s default, made unique."""
-    from metarl import config as config_lib
-
     special, overrides = cli.special, cli.overrides
     try:
         if "resume" in special:
@@ -195,16 +189,17 @@ def resolve(cli: CommandLine):
             return cfg, run_dir, True, True
 
         if "experiment" not in special:
-            missing_experiment(special)
-        composed = config_lib.compose(special["experiment"], overrides, special.get("experiments_dir"))
+            missing_experiment(cli)
+        with config_lib.hydra_context(cli.experiments_dir):
+            composed = config_lib.compose(special["experiment"], overrides, cli.experiments_dir)
         refuse_chdir(composed)
-        cfg = config_lib.from_composed(composed, special.get("experiments_dir"))
+        cfg = config_lib.from_composed(composed, cli.experiments_dir)
         named = bool(cfg.run_dir) or any(config_lib.override_key(o) == "hydra.run.dir" for o in overrides)
         run_dir = Path(cfg.run_dir or str(composed.hydra.run.dir))
         if not named:
             run_dir = unique_dir(run_dir)
         config_lib.check_run_dir(str(run_dir))
-    except config_lib.ConfigError as err:
+    except ConfigError as err:
         fail(str(err))
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     return cfg, run_dir, check_existing(cfg, run_dir), named
@@ -223,8 +218,6 @@ def check_existing(cfg, run_dir: Path) -> bool:
 
 
 def _refuse_search_change(saved: dict, cfg, run_dir: Path):
-    from metarl import config as config_lib
-
     diffs = config_lib.search_differences(saved, cfg.to_dict())
     if diffs:
         fail(f"run_dir: {run_dir} holds a run whose search differs ({'; '.join(diffs)}); allowed: the same "
@@ -262,7 +255,6 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
     import jax
 
     from metarl import devices
-    from metarl.config import ConfigError
     from metarl.logger import check_mlflow_installed
     from metarl.tasks import build_task, check_memory
 
@@ -291,9 +283,7 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[st
     """One run, from its checked config to its end: the remaining checks, the run directory's lock,
     then the run itself (here, or in the processes it starts with ``child_args``). Returns the exit
     code; bad input exits (``fail``) before anything is written."""
-    from metarl import config as config_lib
     from metarl.checkpoints import CheckpointError
-    from metarl.config import ConfigError
 
     # 1. Every check, reading only: the config, the trainer in its environment, the devices, the
     #    memory a generation needs, and the checkpoint a resume starts from. Nothing is written.
@@ -381,8 +371,7 @@ def show_config(cli: CommandLine) -> int:
     part of it; ``--resolve``: interpolations resolved)."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import Container, OmegaConf
-
-    from metarl import config as config_lib
+    from omegaconf.errors import OmegaConfBaseException
 
     if cli.multirun:
         fail("--cfg: shows one run's config; allowed: --cfg without -m, with one value per key")
@@ -390,16 +379,26 @@ def show_config(cli: CommandLine) -> int:
         fail("--cfg: shows a config composed from an experiment; allowed: experiment=NAME (a run's own config "
              f"is RUN_DIR/{CONFIG_FILE})")
     if "experiment" not in cli.special:
-        missing_experiment(cli.special)
-    experiments_dir = cli.special.get("experiments_dir")
+        missing_experiment(cli)
     try:
-        app = config_lib.hydra_app(config_lib.check_experiments_dir(experiments_dir))
-        composed = config_lib.compose(cli.special["experiment"], cli.overrides, experiments_dir, app=app)
-        config_lib.from_composed(composed, experiments_dir)  # the same checks as a run's
-    except config_lib.ConfigError as err:
+        with config_lib.hydra_context(cli.experiments_dir):
+            composed = config_lib.compose(cli.special["experiment"], cli.overrides, cli.experiments_dir)
+        config_lib.from_composed(composed, cli.experiments_dir)  # the same checks as a run's
+    except ConfigError as err:
         fail(str(err))
     HydraConfig.instance().set_config(composed)  # for ${hydra:...} interpolations
-    shown = app.get_sanitized_cfg(composed, cli.cfg)
+    shown = {"all": composed, "job": OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"]),
+             "hydra": OmegaConf.create({"hydra": OmegaConf.masked_copy(  # without its help texts, as Hydra shows it
+                 composed.hydra, [k for k in composed.hydra if k not in ("help", "hydra_help")])})}[cli.cfg]
+    if cli.resolve:
+        try:
+            shown = OmegaConf.create(OmegaConf.to_container(
+                shown if cli.cfg == "job" else composed, resolve=True))  # Hydra's keys refer to the job's
+            if cli.cfg == "hydra":
+                shown = OmegaConf.masked_copy(shown, ["hydra"])
+        except OmegaConfBaseException as err:  # Hydra's keys set only inside a run or a sweep's job
+            fail(f"--resolve: {getattr(err, 'full_key', None) or 'config'} cannot be resolved outside a run "
+                 f"({str(err).splitlines()[0]}); allowed: --cfg job --resolve")
     if cli.package not in (None, "_global_"):
         shown = OmegaConf.select(shown, cli.package)
         if shown is None:
@@ -408,8 +407,6 @@ def show_config(cli: CommandLine) -> int:
     if not isinstance(shown, Container):
         print(shown)
         return 0
-    if cli.resolve:
-        OmegaConf.resolve(shown)
     sys.stdout.write(OmegaConf.to_yaml(shown))
     return 0
 
@@ -417,20 +414,17 @@ def show_config(cli: CommandLine) -> int:
 def help_text(cli: CommandLine) -> str:
     """``--help``: how to call it, the experiments, Hydra's launchers and sweepers, and every key with its
     default (of ``experiments/base.yaml``, or of the experiment named on the same line)."""
-    from metarl import config as config_lib
-    from metarl.config import ConfigError
-
-    from hydra.types import RunMode
+    from hydra import compose
     from omegaconf import OmegaConf
 
-    experiment = cli.special.get("experiment")
+    experiment, experiments_dir = cli.special.get("experiment"), cli.experiments_dir
     try:
-        experiments_dir = config_lib.check_experiments_dir(cli.special.get("experiments_dir"))
-        app = config_lib.hydra_app(experiments_dir)
-        if experiment:
-            composed = config_lib.compose(experiment, [], experiments_dir, app=app)
-        else:  # base.yaml itself, which is no experiment
-            composed = app.compose_config("base", [], run_mode=RunMode.RUN, with_log_configuration=False)
+        with config_lib.hydra_context(experiments_dir) as hydra_state:
+            # An experiment, or base.yaml itself (which is no experiment).
+            composed = (config_lib.compose(experiment, [], experiments_dir) if experiment
+                        else compose("base", config_lib.search_path(experiments_dir)))
+            options = {group: ", ".join(sorted(hydra_state.config_loader().get_group_options(f"hydra/{group}")))
+                       for group in ("launcher", "sweeper")}
     except ConfigError as err:
         fail(str(err))
     data = OmegaConf.to_container(composed, resolve=False)
@@ -449,10 +443,8 @@ def help_text(cli: CommandLine) -> str:
              "your own experiment YAMLs.",
              "",
              "experiments (experiment=NAME): " + ", ".join(config_lib.available_experiments(experiments_dir)),
-             "launchers (with -m, hydra/launcher=NAME): " + ", ".join(
-                 sorted(app.config_loader.get_group_options("hydra/launcher"))),
-             "sweepers (with -m, hydra/sweeper=NAME): " + ", ".join(
-                 sorted(app.config_loader.get_group_options("hydra/sweeper"))),
+             "launchers (with -m, hydra/launcher=NAME): " + options["launcher"],
+             "sweepers (with -m, hydra/sweeper=NAME): " + options["sweeper"],
              "",
              f"keys, with the values of {'experiment ' + experiment if experiment else 'experiments/base.yaml'}"
              " (any of them as KEY=VALUE; hydra.KEY=VALUE for Hydra's, see --cfg hydra):"]

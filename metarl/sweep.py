@@ -176,6 +176,23 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
     return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]], True
 
 
+def compose_sweep(app, experiment: str, overrides: list[str], experiments_dir: Optional[str]):
+    """The sweep's master config: Hydra's composition for a sweep, where ``key=a,b`` lists values to
+    sweep (Hydra's application object ``app``, inside ``config.hydra_context``)."""
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_lib.check_experiment(experiment, experiments_dir)
+    config_lib.check_overrides(overrides, multirun=True)
+    try:
+        return app.compose_config(config_name=experiment, run_mode=RunMode.MULTIRUN, with_log_configuration=False,
+                                  overrides=[*config_lib.hydra_overrides(overrides),
+                                             *config_lib.search_path(experiments_dir)])
+    except (HydraException, OmegaConfBaseException) as err:
+        raise config_lib.composition_error(err) from None
+
+
 def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir: Optional[str]) -> list:
     """Compose and check every job as it will run, before any starts: its config, its run directory
     (new, or an earlier run of the same config), its task, devices and memory. Exits with one line on
@@ -268,8 +285,8 @@ def run(cli: CommandLine) -> int:
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
              "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
     if "experiment" not in special:
-        missing_experiment(special)
-    experiment, experiments_dir = special["experiment"], special.get("experiments_dir")
+        missing_experiment(cli)
+    experiment, experiments_dir = special["experiment"], cli.experiments_dir
     for key in ("experiment", "experiments_dir"):
         if "," in special.get(key, ""):
             fail(f"{key}: {special[key]!r} lists several; allowed: one per sweep (a sweep composes one "
@@ -283,18 +300,26 @@ def run(cli: CommandLine) -> int:
                  "runs in a directory of its own inside it)")
         overrides = [o for o in overrides if o not in named] + [f"hydra.sweep.dir={run_dirs[-1]}"]
 
+    with config_lib.hydra_context(experiments_dir) as hydra_state:
+        return _run(cli, hydra_state.hydra, experiment, experiments_dir, overrides, bool(named))
+
+
+def _run(cli: CommandLine, app, experiment: str, experiments_dir: Optional[str], overrides: list[str],
+         named: bool) -> int:
+    from omegaconf import read_write
+
     try:
-        experiments_dir = config_lib.check_experiments_dir(experiments_dir)
-        app = config_lib.hydra_app(experiments_dir)
-        master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True, app=app)
+        master = compose_sweep(app, experiment, overrides, experiments_dir)
         refuse_chdir(master)
         sweep_dir = Path(str(master.hydra.sweep.dir))
         if not named:  # the default name, made unique (two sweeps started in the same second)
             sweep_dir = unique_dir(sweep_dir)
-        # Given explicitly, so that every later composition (Hydra's own, a job's) names the same one.
+        # Set explicitly, so that every later composition (Hydra's own, a job's) names the same one.
         overrides = [o for o in overrides if config_lib.override_key(o) != "hydra.sweep.dir"]
         overrides.append(f"hydra.sweep.dir={sweep_dir}")
-        master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True, app=app)
+        with read_write(master):
+            master.hydra.sweep.dir = str(sweep_dir)
+            master.hydra.overrides.hydra.append(f"hydra.sweep.dir={sweep_dir}")
         config_lib.check_run_dir(str(sweep_dir), "run_dir")
     except config_lib.ConfigError as err:
         fail(str(err))
@@ -319,7 +344,8 @@ def run(cli: CommandLine) -> int:
         os.environ[PARENT_RUN_ENV] = parent.run_id
     try:
         app.multirun(config_name=experiment, task_function=SweepJob(experiment, experiments_dir),
-                     overrides=config_lib.hydra_overrides(overrides), with_log_configuration=False)
+                     overrides=[*config_lib.hydra_overrides(overrides), *config_lib.search_path(experiments_dir)],
+                     with_log_configuration=False)
     except SweepStopped as stop:
         stopped = stop.code
     except KeyboardInterrupt:
