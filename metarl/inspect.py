@@ -174,7 +174,6 @@ def _progress_at(task):
     import numpy as np
 
     from metarl.inner_loops.components import Progress
-
     from metarl.inner_loops.trainer import num_updates
 
     updates = num_updates(task.inner_config)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from metarl import inspect as _inspect
 from metarl import plugins
 from metarl.config import INT32_MAX, ConfigError
+from metarl.outer_loops.search_space import HyperparamSpace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,79 +80,6 @@ class Kind:
         return None
 
 
-# --- hyperparameters ---------------------------------------------------------------------------------
-
-def _bound(path: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"{path}: {value!r}; allowed: a finite number")
-    return float(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class HyperparamSpace:
-    """Each hyperparameter is ``low + (high - low) * sigmoid(z)``, in log space where ``log``; the
-    search runs over unbounded ``z``, so every member is a valid setting."""
-
-    names: tuple
-    low: tuple
-    high: tuple
-    log: tuple
-
-    @classmethod
-    def from_config(cls, search: dict, trainer_fields: list[str]):
-        if not search:
-            raise ConfigError("component.search: empty; allowed: a mapping of hyperparameter -> {low, high, log}")
-        names, lows, highs, logs = [], [], [], []
-        for name, spec in search.items():
-            path = f"component.search.{name}"
-            if name not in trainer_fields:
-                raise ConfigError(f"{path}: not a hyperparameter of the trainer; allowed: {', '.join(trainer_fields)}")
-            if not isinstance(spec, dict) or "low" not in spec or "high" not in spec:
-                raise ConfigError(f"{path}: {spec!r}; allowed: {{low: number, high: number, log: bool}}")
-            extra = set(spec) - {"low", "high", "log"}
-            if extra:
-                raise ConfigError(f"{path}.{sorted(extra)[0]}: unknown setting; allowed: low, high, log")
-            low, high = _bound(f"{path}.low", spec["low"]), _bound(f"{path}.high", spec["high"])
-            log = spec.get("log", False)
-            if not isinstance(log, bool):
-                raise ConfigError(f"{path}.log: {log!r}; allowed: true or false")
-            if not low < high:
-                raise ConfigError(f"{path}: low {low} must be below high {high}")
-            if log and low <= 0:
-                raise ConfigError(f"{path}.low: {low}; allowed: > 0 on a log scale")
-            names.append(name), lows.append(low), highs.append(high), logs.append(log)
-        return cls(tuple(names), tuple(lows), tuple(highs), tuple(logs))
-
-    def _bounds(self, i):
-        if self.log[i]:
-            return math.log(self.low[i]), math.log(self.high[i])
-        return self.low[i], self.high[i]
-
-    def decode(self, z: dict) -> dict:
-        out = {}
-        for i, name in enumerate(self.names):
-            lo, hi = self._bounds(i)
-            u = lo + (hi - lo) * jax.nn.sigmoid(z[name])
-            out[name] = jnp.exp(u) if self.log[i] else u
-        return out
-
-    def encode(self, values: dict) -> dict:
-        out = {}
-        for i, name in enumerate(self.names):
-            lo, hi = self._bounds(i)
-            v = float(values[name])
-            u = math.log(v) if self.log[i] else v
-            if not lo < u < hi:
-                raise ConfigError(f"component.search.{name}: the starting value {v} lies outside "
-                                  f"({self.low[i]}, {self.high[i]}); allowed: a range that contains it")
-            p = (u - lo) / (hi - lo)
-            out[name] = jnp.float32(math.log(p / (1 - p)))
-        return out
-
-    def template(self) -> dict:
-        return {name: jnp.zeros((), jnp.float32) for name in self.names}
-
-
 class Hyperparams(Kind):
     """The trainer's float hyperparameters (its config's pytree fields) in a ``HyperparamSpace``."""
 
@@ -162,7 +90,10 @@ class Hyperparams(Kind):
         for key in spec:
             if key != "search":
                 raise ConfigError(f"component.{key}: unknown setting; allowed: kind, search")
-        return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
+        try:
+            return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
     def trainer(self, module, inner, component) -> Callable:
         return lambda meta: module.make_train(inner.replace(**component.decode(meta)))
@@ -178,7 +109,10 @@ class Hyperparams(Kind):
             high = jax.tree.map(lambda m, s: m + s, mean, std)
             return {"mean": component.decode(mean), "low": component.decode(low), "high": component.decode(high)}
 
-        return template, (component.encode(start) if init_mean == "init" else template), describe_search
+        try:
+            return template, (component.encode(start) if init_mean == "init" else template), describe_search
+        except ValueError as err:  # a start outside the bounds
+            raise ConfigError(str(err)) from None
 
     def values(self, component, meta) -> dict:
         return {k: float(v) for k, v in component.decode(meta).items()}

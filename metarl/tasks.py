@@ -165,7 +165,7 @@ class Task:
 
     kind: kinds.Kind
     algo: str
-    component: Any                 # the component (MLPValueLoss, LPODrift, yours) or kinds.HyperparamSpace
+    component: Any                 # the component (MLPValueLoss, LPODrift, yours) or a HyperparamSpace
     trainer: Any                   # the trainer's module: make_train(inner_config, **seams)
     specs: list                    # TaskSpec per task
     inner_configs: list            # the trainer config per task
