@@ -37,7 +37,7 @@ import optax
 from flax import linen as nn
 from flax import struct
 
-from metarl.inner_loops import envs
+from metarl.inner_loops import envs, trainer
 from metarl.inner_loops.flat_mlp import Adam, FlatMLP, adam_init, adam_step
 from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
@@ -94,6 +94,22 @@ class DQNConfig:
     @property
     def num_logs(self) -> int:
         return self.total_timesteps // self.log_interval
+
+    @property
+    def frames_per_run(self) -> int:
+        return self.total_timesteps
+
+    MEMORY_FIELD = "buffer_size"
+
+    def memory_floats(self) -> int:
+        """The replay buffer (observation, next observation, action, reward, done), a minibatch's inputs
+        and widest activations, the Q-network x5 (parameters, gradients, Adam's two moments, the
+        target network) and the metrics."""
+        env, env_params = envs.make(self.env, **dict(self.env_kwargs))
+        obs, actions = trainer.env_sizes(env, env_params)
+        net = trainer.mlp_floats([obs, *self.hidden, actions])
+        replay = self.buffer_size * (2 * obs + 3)
+        return replay + self.batch_size * (2 * obs + max(self.hidden)) + 5 * net + 8 * self.num_logs
 
     def validate(self) -> "DQNConfig":
         _check_types(self)

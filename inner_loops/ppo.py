@@ -34,6 +34,7 @@ from flax import struct
 from gymnax.environments import spaces
 
 from metarl.inner_loops import envs as envs_lib
+from metarl.inner_loops import trainer
 from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
 from metarl.inner_loops.config_checks import check_types as _check_types
@@ -104,6 +105,17 @@ class PPOConfig:
         """Environment frames one training run really steps (whole updates only)."""
         return self.num_updates * self.batch_size
 
+    MEMORY_FIELD = "num_envs"
+
+    def memory_floats(self) -> int:
+        """The rollout (observation, final observation and 8 scalars per step), actor and critic x4
+        (parameters, gradients, Adam's two moments) and the per-update metrics."""
+        env, env_params = envs_lib.make(self.env)
+        obs, actions = trainer.env_sizes(env, env_params)
+        hidden = list(self.hidden)
+        nets = trainer.mlp_floats([obs, *hidden, actions]) + trainer.mlp_floats([obs, *hidden, 1])
+        return self.num_envs * self.num_steps * (2 * obs + 8) + 4 * nets + 8 * self.num_updates
+
     def validate(self) -> "PPOConfig":
         """Raise a one-line ValueError naming the first bad field; traced values are not checked."""
         _check_types(self)
@@ -136,7 +148,7 @@ class PPOConfig:
 
 # Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
 FLOAT_FIELDS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
-SEAMS = ("value_loss", "policy_objective")
+SEAMS = ("value_loss", "policy_objective")  # make_train's keywords for learned components
 
 
 # --- transitions and the maths ------------------------------------------------------------------

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from metarl.inner_loops import envs
+from metarl.inner_loops import envs, trainer
 from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
 from metarl.inner_loops.config_checks import check_types as _check_types
@@ -62,6 +62,19 @@ class QLearningConfig:
     @property
     def num_logs(self) -> int:
         return self.total_timesteps // self.log_interval
+
+    @property
+    def frames_per_run(self) -> int:
+        return self.total_timesteps
+
+    MEMORY_FIELD = "total_timesteps"
+
+    def memory_floats(self) -> int:
+        """The dynamics tables and the Q table (8 floats per state and action) and the metrics."""
+        env, env_params = envs.make(self.env, **dict(self.env_kwargs))
+        _, actions = trainer.env_sizes(env, env_params)
+        states = env.num_states(env_params) if hasattr(env, "num_states") else 1
+        return 8 * states * actions + 8 * self.num_logs
 
     def validate(self) -> "QLearningConfig":
         _check_types(self)

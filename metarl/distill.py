@@ -34,6 +34,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -54,8 +55,6 @@ LATEX_NAMES = {"error": r"\delta", "old_error": r"\delta_{old}", "target": r"\ma
 # The search sees these inputs less their centre: a ratio stays within a few percent of 1, and a formula
 # in ratio - 1 needs no two large numbers that cancel (which rounding would break).
 CENTRES = {"ratio": 1}
-FORMULA_TARGETS = {"value_loss": "metarl.inner_loops.components.FormulaValueLoss",
-                   "policy_objective": "metarl.inner_loops.components.FormulaDrift"}
 
 
 # --- what is distilled ---------------------------------------------------------------------------------
@@ -64,7 +63,7 @@ FORMULA_TARGETS = {"value_loss": "metarl.inner_loops.components.FormulaValueLoss
 class Problem:
     """The learned function of one run, seen as a function of named inputs."""
 
-    kind: str
+    kind: Any              # the run's entry of metarl.kinds
     inputs: tuple          # every input the formula component takes (components.VALUE_LOSS_INPUTS / DRIFT_INPUTS)
     variables: tuple       # those the formulas are fitted over, in the columns' order
     fixed: dict            # inputs held at one value: {name: value}
@@ -75,9 +74,11 @@ class Problem:
 def problem_for(task) -> Problem:
     from metarl.inner_loops.components import DRIFT_INPUTS, TEMPORAL_INPUTS, VALUE_LOSS_INPUTS
 
+    from metarl import kinds
+
     comp = task.component
     temporal = getattr(comp, "temporal", False)
-    if task.kind == "value_loss":
+    if task.kind is kinds.VALUE_LOSS:
         # The shipped MLP names its inputs; a component of your own is read over the error (as inspect draws it).
         own = tuple(getattr(comp, "inputs", ("error",)))
         variables = tuple(n for n in VALUE_LOSS_INPUTS if n in own or (temporal and n in TEMPORAL_INPUTS))
@@ -100,12 +101,13 @@ def learned_values(task, meta, points: dict) -> np.ndarray:
     """The function a formula is fitted to, at ``points`` ({input: array}, every input of the kind)."""
     import jax.numpy as jnp
 
+    from metarl import kinds
     from metarl.inner_loops.components import apply_component
 
     comp, config = task.component, task.inner_config
     p = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
     progress = _progress(p) if getattr(comp, "temporal", False) else None
-    if task.kind == "value_loss":
+    if task.kind is kinds.VALUE_LOSS:
         value, old_value = p["target"] + p["error"], p["target"] + p["old_error"]
         return np.asarray(apply_component(comp, progress, meta, value, old_value, p["target"], config))
     if hasattr(comp, "learned_part"):
@@ -116,7 +118,7 @@ def learned_values(task, meta, points: dict) -> np.ndarray:
 
 def formula_spec(problem: Problem, expression: str) -> dict:
     """The config of the formula component (``component.*``): kind, _target_ and its arguments."""
-    return {"kind": problem.kind, "_target_": FORMULA_TARGETS[problem.kind], "expression": expression,
+    return {"kind": problem.kind.name, "_target_": problem.kind.formula, "expression": expression,
             **problem.component_args}
 
 
@@ -158,6 +160,8 @@ def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
     {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
     import jax
 
+    from metarl import kinds
+
     rows = []
 
     def sink(*xs):
@@ -171,12 +175,12 @@ def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
 
     recorder = _Recording(task.component, sink)
     for i, inner in enumerate(task.inner_configs):
-        train = task.trainer.make_train(inner, **{task.kind: recorder})
-        args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind: meta})
+        train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
+        args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind.seam: meta})
         jax.block_until_ready(devices.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
     table = np.concatenate(rows)
-    if task.kind == "value_loss":
+    if problem.kind is kinds.VALUE_LOSS:
         value, old_value, target = table[:, 0], table[:, 1], table[:, 2]
         named = {"error": value - target, "target": target, "old_error": old_value - target}
         rest = table[:, 3:]
@@ -340,7 +344,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
         entry["k"] = k
     good = [e["k"] for e in front if e["nmse"] <= SUGGESTED_NMSE]
     report = {
-        "kind": task.kind, "component": type(task.component).__name__, "fitted": problem.fitted,
+        "kind": task.kind.name, "component": type(task.component).__name__, "fitted": problem.fitted,
         "variables": list(problem.variables), "fixed": problem.fixed, "ranges": ranges,
         "quantiles": list(QUANTILES), "samples": samples, "recorded": len(next(iter(visited.values()))),
         "search": {"library": f"pyoperon {_version('pyoperon')}", "operators": OPERATORS, "max_size": max_size,
@@ -365,8 +369,11 @@ def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: in
         cfg, task = results.load_run(run_dir)
     except (CheckpointError, ConfigError) as err:
         fail(str(err))
-    if task.kind not in FORMULA_TARGETS:
-        fail(f"component.kind: {task.kind} in {run_dir}; allowed: value_loss or policy_objective "
+    if task.kind.formula is None:
+        from metarl.kinds import KINDS
+
+        fail(f"component.kind: {task.kind} in {run_dir}; allowed: "
+             f"{' or '.join(name for name, kind in KINDS.items() if kind.formula)} "
              "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
     meta, info = meta_params_at(run_dir, cfg, task, generation)
     try:
@@ -432,11 +439,11 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     import jax
     import jax.numpy as jnp
 
-    from metarl import plots
+    from metarl import kinds, plots
     from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, apply_component
 
     config, grid = task.inner_config, 201
-    value_loss = problem.kind == "value_loss"
+    value_loss = problem.kind is kinds.VALUE_LOSS
     x_name = "error" if value_loss else "ratio"
     x = np.linspace(*report["ranges"][x_name], grid)
     zero = int(np.argmin(np.abs(x)))

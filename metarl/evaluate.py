@@ -96,16 +96,8 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
             "significant": significant}
 
 
-def baseline_label(task) -> str:
-    if task.kind == "value_loss":
-        return "baseline: L2 value loss" + (" (clipped)" if getattr(task.inner_config, "clip_value_loss", False) else "")
-    if task.kind == "policy_objective":
-        return "baseline: PPO clipped objective"
-    return "baseline: trainer config"
-
-
 def side_labels(task) -> list[str]:
-    return [f"learned {task.kind}", baseline_label(task)]
+    return [f"learned {task.kind}", "baseline: " + task.kind.baseline(task.inner_config)]
 
 
 def formula_label(k: int) -> str:
@@ -314,7 +306,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
                 aggregates[name]["formula"] = aggregate(scores_of[labels[2]], scores_of[baseline_lbl])
 
     report = {
-        "run_dir": str(run_dir), "kind": task.kind, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
+        "run_dir": str(run_dir), "kind": task.kind.name, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
         "num_seeds": num_seeds, "processes": processes, "key_root": root,
         "best_generation": info.get("generation"), "best_fitness": info.get("fitness"),
         "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
@@ -325,9 +317,10 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         entry = formula[0]
         report["formula"] = {"k": distilled, "label": labels[2], "expression": entry["expression"],
                              "size": entry["size"], "nmse": entry["nmse"], "component": entry["component"]}
-    if task.kind == "hyperparams":
-        report["learned_values"] = {k: float(v) for k, v in task.component.decode(meta).items()}
-        report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in task.component.names}
+    values = task.kind.values(task.component, meta)  # named trainer settings, where the kind learns such
+    if values is not None:
+        report["learned_values"] = values
+        report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
 
     suffix = _suffix(env, total_timesteps, tasks, task) + (f"_distilled{distilled}" if formula else "")
     for i, (spec, row) in enumerate(zip(task.specs, rows)):

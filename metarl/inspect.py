@@ -84,7 +84,7 @@ def _best_or_none(run_dir: Path, task):
     return serialization.from_state_dict(task.template, raw), info
 
 
-def value_loss_plots(task, meta, info, out: Path, error_range: float) -> list[Path]:
+def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -136,7 +136,7 @@ def value_loss_plots(task, meta, info, out: Path, error_range: float) -> list[Pa
     return paths
 
 
-def policy_objective_plots(task, meta, out: Path) -> list[Path]:
+def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     import jax.numpy as jnp
     import numpy as np
 
@@ -174,8 +174,9 @@ def _progress_at(task):
     import numpy as np
 
     from metarl.inner_loops.components import Progress
+    from metarl.inner_loops.trainer import num_updates
 
-    updates = int(getattr(task.inner_config, "num_updates", 1))
+    updates = num_updates(task.inner_config)
 
     def progress_of(fraction):
         return Progress(jnp.float32(fraction), jnp.float32(np.log(updates)))
@@ -231,7 +232,7 @@ def search_trajectory(run_dir: Path, cfg, task):
     return gens, stack(means), (stack(lows) if with_std else None), (stack(highs) if with_std else None)
 
 
-def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path) -> list[Path]:
+def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, error_range: float) -> list[Path]:
     from metarl import plots
     from metarl.checkpoints import CheckpointError
 
@@ -271,14 +272,10 @@ def inspect_run(run_dir: str | Path, error_range: float = 5.0, loaded: tuple | N
     out = run_dir / FIGURES
     paths = fitness_plot(run_dir, cfg, out)
     meta, info = _best_or_none(run_dir, task)
-    if task.kind == "hyperparams":
-        paths += hyperparams_plots(run_dir, cfg, task, meta, info, out)
-    elif meta is None:
+    if meta is None and task.kind.seam is not None:
         print(f"note: {run_dir} has exported no best meta-parameters yet; no component plot", file=sys.stderr)
-    elif task.kind == "value_loss":
-        paths += value_loss_plots(task, meta, info, out, error_range)
-    elif task.kind == "policy_objective":
-        paths += policy_objective_plots(task, meta, out)
+    elif task.kind.plot is not None:  # a search without a seam plots its trajectory, best or not
+        paths += task.kind.plot(run_dir, cfg, task, meta, info, out, error_range)
     return paths
 
 

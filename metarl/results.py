@@ -49,21 +49,18 @@ def history(run_dir: str | Path) -> list[dict]:
 
 @dataclasses.dataclass
 class Best:
-    kind: str
+    kind: str                 # component.kind
     component: Any            # the learned component (or the hyperparameter space)
     meta_params: Any
     inner_config: Any         # the trainer config the run evolved with
     info: dict
     train: Callable           # train(key) -> (params, metrics) with these meta-parameters
-    values: dict | None = None  # decoded hyperparameters, for kind == "hyperparams"
+    values: dict | None = None  # decoded hyperparameters, for component.kind=hyperparams
 
 
 def load_best(run_dir: str | Path) -> Best:
     _, task = load_run(run_dir)
     raw, info = checkpoints.read_best(run_dir)
     meta = serialization.from_state_dict(task.template, raw)
-    values = None
-    if task.kind == "hyperparams":
-        values = {k: float(v) for k, v in task.component.decode(meta).items()}
-    return Best(kind=task.kind, component=task.component, meta_params=meta, inner_config=task.inner_config,
-                info=info, train=task.make_train(meta), values=values)
+    return Best(kind=task.kind.name, component=task.component, meta_params=meta, inner_config=task.inner_config,
+                info=info, train=task.make_train(meta), values=task.kind.values(task.component, meta))

@@ -270,7 +270,7 @@ def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[s
 
 
 def _best_info(cfg: RunConfig, task: Task, record: dict) -> dict:
-    return {"experiment": cfg.experiment, "kind": task.kind, "algo": task.algo, "env": cfg.env,
+    return {"experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
             "tasks": task.names,
             "component": cfg.component, "inner": cfg.inner, "generation": record["generation"],
             "fitness": record["best_so_far"], "seed": cfg.seed}

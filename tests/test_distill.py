@@ -18,6 +18,7 @@ from metarl.evolve import check_run
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, VALUE_LOSS_INPUTS, FormulaDrift,
                                            FormulaValueLoss, Progress, parse_formula)
 from metarl.inner_loops.ppo import PPOConfig
+from metarl.kinds import KINDS
 from metarl.tasks import build_task
 
 SMALL = ["evaluations=4000", "max_size=12", "samples=400"]
@@ -40,7 +41,7 @@ def _with_component(run_dir, component: dict, **inner):
 @pytest.mark.timeout(300)
 def test_a_known_formula_is_recovered_and_simplified(run):
     """A value loss that is 0.7 e^2 + 0.3 e: the front holds exactly it, in sympy's simplest form."""
-    task = _with_component(run, {"kind": "value_loss", "_target_": distill.FORMULA_TARGETS["value_loss"],
+    task = _with_component(run, {"kind": "value_loss", "_target_": KINDS["value_loss"].formula,
                                  "expression": "0.7*error**2 + 0.3*error"})
     report, problem, _ = distill.fit(task, {}, max_size=12, evaluations=4000, samples=400)
     assert problem.variables == ("error",) and report["ranges"]["error"][0] < report["ranges"]["error"][1]
@@ -77,7 +78,7 @@ def test_formula_components_gradients_equal_the_hand_written_ones():
                                                ("error + x", "unknown variable x"), ("error +", "not a formula")])
 def test_a_bad_formula_names_the_field(expression, words):
     with pytest.raises(ConfigError, match=f"^component.expression: .*{words}"):
-        plugins.instantiate(distill.FORMULA_TARGETS["value_loss"], {"expression": expression},
+        plugins.instantiate(KINDS["value_loss"].formula, {"expression": expression},
                             "component._target_", "component.")
     with pytest.raises(ValueError, match="allowed: a formula of ratio, advantage"):
         parse_formula("error", DRIFT_INPUTS)
@@ -94,7 +95,7 @@ def test_cli_front_figure_and_evaluate_with_the_formula(run, capsys):
     assert front and [f["k"] for f in front] == list(range(len(front)))
     for f in front:
         assert f"{f['k']:>3} {f['size']:>5}" in out and f["expression"] in out
-        assert f["component"]["_target_"] == distill.FORMULA_TARGETS["value_loss"]
+        assert f["component"]["_target_"] == KINDS["value_loss"].formula
         plugins.instantiate(f["component"]["_target_"], {"expression": f["component"]["expression"]},
                             "component._target_", "component.")
     # Temporal: three rows (0%, 50%, 100% of training) of loss and gradient.
@@ -121,7 +122,7 @@ def test_a_drift_is_distilled_as_its_learned_part(run):
     assert problem.variables == ("ratio", "advantage") and problem.component_args == {"ppo_init": True}
     assert "relu(f + PPO's drift)" in report["fitted"]
     best = report["front"][-1]
-    assert best["component"] == {"kind": "policy_objective", "_target_": distill.FORMULA_TARGETS["policy_objective"],
+    assert best["component"] == {"kind": "policy_objective", "_target_": KINDS["policy_objective"].formula,
                                  "expression": best["expression"], "ppo_init": True}
     assert best["nmse"] < 0.05
     lo, hi = report["ranges"]["ratio"]
@@ -156,6 +157,6 @@ def test_refusals_are_one_line(run, tmp_path, capsys):
     assert "distilled: 99; allowed: 0 to 1" in _exit_2(evaluate.main, [str(copy), "distilled=99"], capsys)
     # A formula has nothing to evolve: the run is refused before it starts.
     cfg = results.load_config(run)
-    formula = {"kind": "value_loss", "_target_": distill.FORMULA_TARGETS["value_loss"], "expression": "error**2"}
+    formula = {"kind": "value_loss", "_target_": KINDS["value_loss"].formula, "expression": "error**2"}
     with pytest.raises(ConfigError, match="^component._target_: FormulaValueLoss has no meta-parameters"):
         check_run(dataclasses.replace(cfg, component=formula), setup_devices=False)

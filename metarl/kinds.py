@@ -1,0 +1,147 @@
+"""What a run meta-learns (``component.kind``): one registry entry per kind.
+
+A kind names the seam its component plugs into (a keyword of the trainer's ``make_train`` that the
+trainer lists in its ``SEAMS``), the component used where ``component._target_`` is not given, the
+hand-designed side it is compared with, its figures and, for ``metarl.distill``, its formula component:
+
+- ``value_loss``: a component replaces PPO's value loss (by default the MLP of
+  ``metarl.inner_loops.components.MLPValueLoss``);
+- ``policy_objective``: a component replaces PPO's clipped objective (by default the LPO drift, ``LPODrift``);
+- ``hyperparams``: the trainer's float hyperparameters, searched in a bounded space (no seam).
+
+A kind of your own is one registration, before the run's config is built:
+
+    from metarl import kinds
+    kinds.register(kinds.Kind("entropy_scale", seam="entropy_scale", component="my_pkg.EntropyScale",
+                              baseline=lambda inner: "ent_coef as set", plot=my_figures))
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from metarl import inspect as _inspect
+from metarl import plugins
+from metarl.config import INT32_MAX, ConfigError
+from metarl.outer_loops.search_space import HyperparamSpace
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A kind whose learned part is a component (``init(key)``, ``apply(meta_params, ...)``) handed to
+    ``make_train(config, **{seam: component})`` and its meta-parameters to ``train(key, {seam: meta})``."""
+
+    name: str
+    seam: Optional[str]
+    component: Optional[str] = None             # component._target_ where the config names none
+    baseline: Callable[[Any], str] = lambda inner: "the trainer's default"  # label from the trainer config
+    plot: Optional[Callable] = None             # (run_dir, cfg, task, meta, info, out, error_range) -> paths
+    formula: Optional[str] = None               # the formula component metarl.distill fits, if any
+
+    def __str__(self) -> str:
+        return self.name
+
+    def build(self, spec: dict, trainer_fields: list[str]):
+        """The component from ``component.*`` (without ``kind``)."""
+        target = spec.pop(plugins.TARGET, None) or self.component
+        if target is None:
+            raise ConfigError(f"component._target_: not given; allowed: a component class for kind {self.name}")
+        component = plugins.instantiate(target, spec, "component._target_", "component.")
+        if not (callable(getattr(component, "init", None)) and callable(getattr(component, "apply", None))):
+            raise ConfigError(f"component._target_: {target} has no init(key) and apply(meta_params, ...); "
+                              "allowed: a component class with both (see metarl.inner_loops.components)")
+        return component
+
+    def trainer(self, module, inner, component) -> Callable:
+        """``meta -> train(key)`` on one task."""
+        train_with_seam = module.make_train(inner, **{self.seam: component})
+        return lambda meta: (lambda key: train_with_seam(key, {self.seam: meta}))
+
+    def start(self, component, inner, init_mean: str, seed: int):
+        """``(template, init_mean, describe_search)``: the meta-parameters' shape, where the search
+        starts (``es.init_mean``) and the search's description per generation (or None)."""
+        # The search runs over one flat vector indexed in int32: count before allocating anything.
+        shapes = jax.eval_shape(component.init, jax.random.key(seed))
+        num_dims = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+        if num_dims > INT32_MAX:
+            field, what = (("component.hidden", f"{list(component.hidden)!r}") if hasattr(component, "hidden")
+                           else ("component", type(component).__name__))
+            raise ConfigError(f"{field}: {what} makes {num_dims:,} meta-parameters; "
+                              f"allowed: at most {INT32_MAX:,} (smaller layers)")
+        template = component.init(jax.random.key(seed))
+        return template, (jax.tree.map(jnp.zeros_like, template) if init_mean == "zeros" else template), None
+
+    def values(self, component, meta) -> Optional[dict]:
+        """The meta-parameters as named numbers for reports, where they are such."""
+        return None
+
+
+class Hyperparams(Kind):
+    """The trainer's float hyperparameters (its config's pytree fields) in a ``HyperparamSpace``."""
+
+    def build(self, spec: dict, trainer_fields: list[str]):
+        if plugins.TARGET in spec:
+            raise ConfigError(f"component._target_: {spec[plugins.TARGET]!r} with kind hyperparams; allowed: "
+                              f"a component class for kinds {', '.join(n for n, k in KINDS.items() if k.seam)}")
+        for key in spec:
+            if key != "search":
+                raise ConfigError(f"component.{key}: unknown setting; allowed: kind, search")
+        try:
+            return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+    def trainer(self, module, inner, component) -> Callable:
+        return lambda meta: module.make_train(inner.replace(**component.decode(meta)))
+
+    def start(self, component, inner, init_mean: str, seed: int):
+        template = component.template()
+        start = {name: getattr(inner, name) for name in component.names}
+
+        def describe_search(mean, std):
+            # The search runs over z; report it in the hyperparameters' own units, with the band
+            # decode(z -+ std), so a plot can show where the search stands every generation.
+            low = jax.tree.map(lambda m, s: m - s, mean, std)
+            high = jax.tree.map(lambda m, s: m + s, mean, std)
+            return {"mean": component.decode(mean), "low": component.decode(low), "high": component.decode(high)}
+
+        try:
+            return template, (component.encode(start) if init_mean == "init" else template), describe_search
+        except ValueError as err:  # a start outside the bounds
+            raise ConfigError(str(err)) from None
+
+    def values(self, component, meta) -> dict:
+        return {k: float(v) for k, v in component.decode(meta).items()}
+
+
+# --- the registry --------------------------------------------------------------------------------------
+
+KINDS: dict[str, Kind] = {}
+
+
+def register(kind: Kind) -> Kind:
+    """Make ``kind`` available as ``component.kind=<kind.name>``."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+def get(name: Any) -> Kind:
+    if name not in KINDS:
+        raise ConfigError(f"component.kind: {name!r}; allowed: {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+VALUE_LOSS = register(Kind(
+    "value_loss", seam="value_loss", component="metarl.inner_loops.components.MLPValueLoss",
+    baseline=lambda inner: "L2 value loss" + (" (clipped)" if getattr(inner, "clip_value_loss", False) else ""),
+    plot=_inspect.value_loss_plots, formula="metarl.inner_loops.components.FormulaValueLoss"))
+POLICY_OBJECTIVE = register(Kind(
+    "policy_objective", seam="policy_objective", component="metarl.inner_loops.components.LPODrift",
+    baseline=lambda inner: "PPO clipped objective", plot=_inspect.policy_objective_plots,
+    formula="metarl.inner_loops.components.FormulaDrift"))
+HYPERPARAMS = register(Hyperparams("hyperparams", seam=None, baseline=lambda inner: "trainer config",
+                                   plot=_inspect.hyperparams_plots))

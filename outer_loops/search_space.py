@@ -1,0 +1,81 @@
+"""A bounded search space over a trainer's float hyperparameters: the search runs over unbounded
+numbers that decode into the bounds, so every member of a population is a valid setting. Errors are
+one-line ValueErrors naming the ``component.search`` field."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def _bound(path: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{path}: {value!r}; allowed: a finite number")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class HyperparamSpace:
+    """Each hyperparameter is ``low + (high - low) * sigmoid(z)``, in log space where ``log``; the
+    search runs over unbounded ``z``, so every member is a valid setting."""
+
+    names: tuple
+    low: tuple
+    high: tuple
+    log: tuple
+
+    @classmethod
+    def from_config(cls, search: dict, trainer_fields: list[str]):
+        if not search:
+            raise ValueError("component.search: empty; allowed: a mapping of hyperparameter -> {low, high, log}")
+        names, lows, highs, logs = [], [], [], []
+        for name, spec in search.items():
+            path = f"component.search.{name}"
+            if name not in trainer_fields:
+                raise ValueError(f"{path}: not a hyperparameter of the trainer; allowed: {', '.join(trainer_fields)}")
+            if not isinstance(spec, dict) or "low" not in spec or "high" not in spec:
+                raise ValueError(f"{path}: {spec!r}; allowed: {{low: number, high: number, log: bool}}")
+            extra = set(spec) - {"low", "high", "log"}
+            if extra:
+                raise ValueError(f"{path}.{sorted(extra)[0]}: unknown setting; allowed: low, high, log")
+            low, high = _bound(f"{path}.low", spec["low"]), _bound(f"{path}.high", spec["high"])
+            log = spec.get("log", False)
+            if not isinstance(log, bool):
+                raise ValueError(f"{path}.log: {log!r}; allowed: true or false")
+            if not low < high:
+                raise ValueError(f"{path}: low {low} must be below high {high}")
+            if log and low <= 0:
+                raise ValueError(f"{path}.low: {low}; allowed: > 0 on a log scale")
+            names.append(name), lows.append(low), highs.append(high), logs.append(log)
+        return cls(tuple(names), tuple(lows), tuple(highs), tuple(logs))
+
+    def _bounds(self, i):
+        if self.log[i]:
+            return math.log(self.low[i]), math.log(self.high[i])
+        return self.low[i], self.high[i]
+
+    def decode(self, z: dict) -> dict:
+        out = {}
+        for i, name in enumerate(self.names):
+            lo, hi = self._bounds(i)
+            u = lo + (hi - lo) * jax.nn.sigmoid(z[name])
+            out[name] = jnp.exp(u) if self.log[i] else u
+        return out
+
+    def encode(self, values: dict) -> dict:
+        out = {}
+        for i, name in enumerate(self.names):
+            lo, hi = self._bounds(i)
+            v = float(values[name])
+            u = math.log(v) if self.log[i] else v
+            if not lo < u < hi:
+                raise ValueError(f"component.search.{name}: the starting value {v} lies outside "
+                                  f"({self.low[i]}, {self.high[i]}); allowed: a range that contains it")
+            p = (u - lo) / (hi - lo)
+            out[name] = jnp.float32(math.log(p / (1 - p)))
+        return out
+
+    def template(self) -> dict:
+        return {name: jnp.zeros((), jnp.float32) for name in self.names}
