@@ -9,7 +9,8 @@ hand-designed side it is compared with, its figures and, for ``metarl.distill``,
 - ``policy_objective``: a component replaces PPO's clipped objective (by default the LPO drift, ``LPODrift``);
 - ``hyperparams``: the trainer's float hyperparameters, searched in a bounded space (no seam).
 
-A kind of your own is one registration, before the run's config is built:
+A kind of your own is one ``Kind``: registered before the run's config is built, or named by its dotted
+path (``component.kind=my_pkg.kinds.ENTROPY_SCALE``), which the command line can use:
 
     from metarl import kinds
     kinds.register(kinds.Kind("entropy_scale", seam="entropy_scale", component="my_pkg.EntropyScale",
@@ -130,8 +131,18 @@ def register(kind: Kind) -> Kind:
 
 
 def get(name: Any) -> Kind:
+    """The kind ``component.kind`` names: a registered name, or the dotted path of a ``Kind`` in a
+    module of your own (``my_pkg.kinds.STEP_SCALE``), registered here, so that the command line and a
+    saved config reach it without code."""
+    if isinstance(name, str) and name not in KINDS and "." in name:
+        found = plugins.locate(name, "component.kind")
+        if not isinstance(found, Kind):
+            raise ConfigError(f"component.kind: {name} is a {type(found).__name__}, not a Kind; allowed: "
+                              f"{', '.join(KINDS)}, or the dotted path of a metarl.kinds.Kind")
+        return KINDS.setdefault(name, dataclasses.replace(found, name=name))
     if name not in KINDS:
-        raise ConfigError(f"component.kind: {name!r}; allowed: {', '.join(KINDS)}")
+        raise ConfigError(f"component.kind: {name!r}; allowed: {', '.join(KINDS)}, or the dotted path of a "
+                          "metarl.kinds.Kind")
     return KINDS[name]
 
 

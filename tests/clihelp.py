@@ -39,13 +39,18 @@ def env_vars():
     return env
 
 
-def evolve(args, cwd, timeout=300, check=False, extra_env=None):
-    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *args], cwd=cwd,
+def run_module(module, args, cwd, timeout=300, check=False, extra_env=None):
+    """``python -m MODULE ARGS`` in ``cwd`` with the tests' environment (``env_vars``)."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd,
                           env={**env_vars(), **(extra_env or {})},
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def evolve(args, cwd, timeout=300, check=False, extra_env=None):
+    return run_module("metarl.evolve", args, cwd, timeout, check, extra_env)
 
 
 def children_of(pid: int) -> list[int]:

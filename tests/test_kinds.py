@@ -112,8 +112,35 @@ def test_a_kind_added_by_one_registration_runs_end_to_end(step_scale_kind, tmp_p
 
 def test_an_unregistered_kind_names_the_registered_ones():
     with pytest.raises(ConfigError, match=r"^component.kind: 'step_scale'; allowed: value_loss, policy_objective, "
-                                          r"hyperparams$"):
+                                          r"hyperparams, or the dotted path of a metarl.kinds.Kind$"):
         build_task(config_lib.from_dict(RUN))
+    with pytest.raises(ConfigError, match=r"^component.kind: test_kinds.scale_figure is a function, not a Kind"):
+        build_task(config_lib.from_dict({**RUN, "component": {"kind": "test_kinds.scale_figure"}}))
+
+
+# The same kind, named on the command line by its dotted path instead of registered in code.
+STEP_SCALE = kinds.Kind("step_scale", seam="step_scale", component="test_kinds.StepScale",
+                        baseline=lambda inner: "unscaled lr", plot=scale_figure)
+
+
+@pytest.mark.timeout(300)
+def test_a_kind_named_by_its_dotted_path_runs_through_the_command_line(tmp_path):
+    import json
+
+    import yaml
+
+    from clihelp import evolve, run_module
+
+    (tmp_path / "exps").mkdir()
+    cli_run = {**RUN, "component": {"kind": "test_kinds.STEP_SCALE"}, "devices": {"num_processes": 1}}
+    (tmp_path / "exps" / "step_scale.yaml").write_text(yaml.safe_dump(cli_run))
+    evolve(["experiments_dir=exps", "experiment=step_scale", "run_dir=run"], cwd=tmp_path, check=True)
+    run_module("metarl.inspect", ["run"], cwd=tmp_path, check=True)
+    assert (tmp_path / "run" / "figures" / "step_scale.png").is_file()
+    run_module("metarl.evaluate", ["run", "num_seeds=2", "num_processes=1"], cwd=tmp_path, check=True)
+    report = json.loads(next((tmp_path / "run").rglob("evaluation*.json")).read_text())
+    assert report["kind"] == "test_kinds.STEP_SCALE"
+    assert set(report["tasks"][0]["sides"]) == {"learned test_kinds.STEP_SCALE", "baseline: unscaled lr"}
 
 
 def test_a_trainer_without_the_seam_is_refused(step_scale_kind):
