@@ -47,12 +47,12 @@ def test_reference_intervals_shrink_with_seeds_and_each_task_trains_from_the_mem
     tiny = [a for a in TINY if not a.startswith("inner.total_timesteps")]
     task = build_task(load("value_loss", [*tiny, "inner.total_timesteps=512", "fitness.statistic=final",
                                           "tasks=[CartPole-v1,{env: CartPole-v1, inner: {total_timesteps: 256}}]"]))
-    few, many = (scores.measure_reference(task, 3, n) for n in (4, 16))
+    few, many = (scores.measure_reference(task, 3, n) for n in (3, 24))
     for name in ("base", "low"):
         for (lo4, hi4), (lo16, hi16) in zip(few[name + "_ci"], many[name + "_ci"]):
             assert 0 < hi16 - lo16 < hi4 - lo4
     # Task i's baseline trains from tasks.task_key(key, i), as the control (and a member) does.
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(3), scores._BASE_STREAM), 4)
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(3), scores._BASE_STREAM), 3)
     control = np.asarray(jax.jit(jax.vmap(task.control_fn))(keys))
     np.testing.assert_allclose(few["base"], control.mean(axis=0), rtol=1e-5)
     assert control[:, 0].tolist() != control[:, 1].tolist()
