@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 from flax.linen.initializers import zeros
 
 
@@ -454,6 +455,5 @@ class ValueLossFamily:
         clipped = old_value + jnp.clip(value - old_value, -config.clip_eps, config.clip_eps)
         towards_clipped = 0.5 * (jnp.maximum(jnp.square(error), jnp.square(clipped - target)) - jnp.square(error))
         base = L2_VALUE_LOSS.apply({}, value, old_value, target, config) + meta_params["clip_mix"] * towards_clipped
-        huber = jnp.where(jnp.abs(error) <= 1.0, 0.5 * jnp.square(error), jnp.abs(error) - 0.5)
         return (jnp.exp(meta_params["log_scale"]) * base + meta_params["over"] * 0.5 * jnp.square(jax.nn.relu(error))
-                + meta_params["huber"] * huber)
+                + meta_params["huber"] * optax.huber_loss(value, target))

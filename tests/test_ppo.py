@@ -379,6 +379,10 @@ def test_value_loss_family_moves_between_clipped_and_unclipped_l2():
     meta = dict(_zeros(family), over=jnp.float32(1.0))  # over-estimates cost twice as much
     loss = family.apply(meta, v, old, t, unclipped)
     np.testing.assert_allclose(loss, jnp.where(v > t, 2.0, 1.0) * 0.5 * (v - t) ** 2, rtol=1e-6)
+    meta = dict(_zeros(family), huber=jnp.float32(1.0), log_scale=jnp.float32(np.log(3.0)))
+    error = np.abs(np.asarray(v - t))
+    huber = np.where(error <= 1, 0.5 * error ** 2, error - 0.5)
+    np.testing.assert_allclose(family.apply(meta, v, old, t, unclipped), 1.5 * error ** 2 + huber, rtol=1e-5)
 
 
 @pytest.mark.timeout(300)

@@ -137,7 +137,8 @@ ARGS = ["experiment=value_loss", *[a for a in TINY if not a.startswith("inner.to
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight") / "run"
-    evolve([*ARGS, f"run_dir={run_dir}"], cwd=run_dir.parent, check=True)
+    proc = evolve([*ARGS, f"run_dir={run_dir}"], cwd=run_dir.parent, check=True)
+    (run_dir.parent / "stdout.txt").write_text(proc.stdout)
     return run_dir
 
 
@@ -153,6 +154,7 @@ def test_two_task_run_writes_per_task_fitness_and_its_reference(straight):
     reference = json.loads((straight / "reference.json").read_text())
     assert reference["tasks"] == names and len(reference["base"]) == len(reference["low"]) == 2
     assert reference["num_seeds"] == 32  # fitness.reference_seeds, not fitness.num_seeds
+    assert scores.describe(reference) in (straight.parent / "stdout.txt").read_text()  # printed at the start
     for name in ("base", "low"):
         for mean, (low, high) in zip(reference[name], reference[name + "_ci"]):
             assert low <= mean <= high
