@@ -66,9 +66,7 @@ class FitnessSection:
     # the hand-designed baseline, recorded beside the population; "paired": also ranks each member by
     # its fitness minus the control's on the same seeds (docs/signal.md).
     control: str = "none"
-    # Seeds of the baseline's and random play's reference returns (fitness.normalize=baseline): enough
-    # that their 95% intervals are a few percent of the gap between the two (docs/experiments.md).
-    reference_seeds: int = 32
+    reference_seeds: int = 32   # seeds of the reference returns normalize=baseline scores against (docs/experiments.md)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,11 +37,9 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
 def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
     """Mean's t-based confidence interval over ``axis`` (NaN where fewer than 2 values)."""
     x = np.asarray(x, dtype=float)
-    n = np.sum(np.isfinite(x), axis=axis)
-    mean = np.nanmean(x, axis=axis)
+    n, mean = np.sum(np.isfinite(x), axis=axis), np.nanmean(x, axis=axis)
     with np.errstate(invalid="ignore", divide="ignore"):
-        sem = np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n)
-        half = scipy.stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * sem
+        half = scipy.stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n)
     half = np.where(n >= 2, half, np.nan)
     return mean - half, mean + half
 

@@ -277,8 +277,7 @@ class Task:
 
 
 def task_key(key: jax.Array, i: int) -> jax.Array:
-    """The key task ``i`` trains from, given a seed key: the key itself for the first task, its own
-    stream for each further one. Members, the control and the reference measurements all use it."""
+    """The key task ``i`` trains from on a seed key (members, the control and the reference returns alike)."""
     return jax.random.fold_in(key, i) if i else key
 
 
