@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 from flax.linen.initializers import zeros
 
 
@@ -352,3 +353,107 @@ class FormulaDrift(_Formula):
 
     def apply(self, meta_params, ratio, advantage, config, progress: Progress | None = None):
         return ratio * advantage - self.drift(meta_params, ratio, advantage, config, progress)
+
+
+# --- small families: a few to a few dozen meta-parameters, the hand-designed rules as points -------
+# Every meta-parameter is an offset from the family's baseline, so zero meta-parameters (es.init_mean:
+# zeros) are the hand-designed rule exactly, in loss and in gradient.
+
+def dpo_drift(ratio, advantage, alpha=2.0, beta=0.6):
+    """Discovered Policy Optimisation's drift (Lu et al. 2022, "Discovered Policy Optimisation", the
+    closed form read off LPO): relu((r - 1) A - alpha tanh((r - 1) A / alpha)) where A >= 0, and
+    relu(log(r) A - beta tanh(log(r) A / beta)) where A < 0; published with alpha = 2, beta = 0.6.
+    DPO's objective is r A - drift."""
+    up = (ratio - 1.0) * advantage
+    down = jnp.log(ratio) * advantage
+    return jnp.where(advantage >= 0, jax.nn.relu(up - alpha * jnp.tanh(up / alpha)),
+                     jax.nn.relu(down - beta * jnp.tanh(down / beta)))
+
+
+def clip_schedule(coefficients, clip_eps, progress: Progress | None):
+    """A clip range over training: clip_eps exp(c1 t + c2 t^2) with t the fraction of training done,
+    so zero coefficients are the constant clip_eps."""
+    if progress is None:
+        return clip_eps
+    t = progress.fraction
+    return clip_eps * jnp.exp(coefficients[0] * t + coefficients[1] * t * t)
+
+
+DRIFT_BASIS = ("ppo", "dpo", "quadratic", "log_quadratic", "kl")
+DRIFT_BASELINES = ("ppo", "dpo")
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftFamily:
+    """A policy objective r A - drift whose drift is relu of a weighted sum of five non-negative drifts,
+    each zero (with zero slope) at r = 1, weighted separately for A >= 0 and A < 0:
+
+    - ``ppo``: PPO's drift relu((r - clip(r, 1 - eps, 1 + eps)) A), with eps on a learned schedule;
+    - ``dpo``: DPO's drift (``dpo_drift``), with learned alpha = 2 e^a and beta = 0.6 e^b;
+    - ``quadratic`` |A| (r - 1)^2, ``log_quadratic`` |A| (log r)^2, and ``kl`` (r - 1) - log r.
+
+    Meta-parameters (14): ``weights`` (2 x 5, rows A >= 0 and A < 0) added to the baseline's one-hot
+    weights, ``log_alpha`` and ``log_beta`` (DPO's constants), and ``clip_schedule`` (2, see
+    ``clip_schedule``; used with ``schedule``). Zero is ``baseline`` exactly: PPO's clipped surrogate
+    (``ppo``) or DPO's objective (``dpo``).
+    """
+
+    baseline: str = "ppo"
+    schedule: bool = True   # learn the clip range over training (a temporal component)
+
+    def __post_init__(self):
+        if self.baseline not in DRIFT_BASELINES:
+            raise ValueError(f"baseline: {self.baseline!r}; allowed: {', '.join(DRIFT_BASELINES)}")
+
+    @property
+    def temporal(self) -> bool:
+        return self.schedule
+
+    def init(self, key):
+        return {"weights": jnp.zeros((2, len(DRIFT_BASIS))), "log_alpha": jnp.zeros(()),
+                "log_beta": jnp.zeros(()), "clip_schedule": jnp.zeros((2,))}
+
+    def basis(self, meta_params, ratio, advantage, config, progress: Progress | None = None):
+        """The five drifts, stacked on the last axis in the order of ``DRIFT_BASIS``."""
+        eps = clip_schedule(meta_params["clip_schedule"], config.clip_eps, progress if self.schedule else None)
+        ppo = jax.nn.relu((ratio - jnp.clip(ratio, 1.0 - eps, 1.0 + eps)) * advantage)
+        dpo = dpo_drift(ratio, advantage, 2.0 * jnp.exp(meta_params["log_alpha"]),
+                        0.6 * jnp.exp(meta_params["log_beta"]))
+        log_r = jnp.log(ratio)
+        size = jnp.abs(advantage)
+        return jnp.stack([ppo, dpo, size * jnp.square(ratio - 1.0), size * jnp.square(log_r),
+                          (ratio - 1.0) - log_r], axis=-1)
+
+    def drift(self, meta_params, ratio, advantage, config, progress: Progress | None = None):
+        start = jnp.zeros(len(DRIFT_BASIS)).at[DRIFT_BASIS.index(self.baseline)].set(1.0)
+        weights = start + meta_params["weights"]
+        per_sample = jnp.where((advantage >= 0)[..., None], weights[0], weights[1])
+        return jax.nn.relu(jnp.sum(per_sample * self.basis(meta_params, ratio, advantage, config, progress), -1))
+
+    def apply(self, meta_params, ratio, advantage, config, progress: Progress | None = None):
+        return ratio * advantage - self.drift(meta_params, ratio, advantage, config, progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueLossFamily:
+    """A value loss of four meta-parameters around PPO's (``L2ValueLoss``, clipped or not as
+    ``config.clip_value_loss`` says), with e = value - target:
+
+        e^s (L2 + c (clipped - unclipped) / 2) + o relu(e)^2 / 2 + h huber(e)
+
+    ``log_scale`` s weighs the loss (a learned vf_coef), ``clip_mix`` c moves between PPO's unclipped
+    (c = -1 from a clipped baseline) and clipped (c = 1 from an unclipped one) losses, ``over`` o
+    penalises over-estimates more than under-estimates, and ``huber`` h adds a Huber term (delta 1).
+    Zero is PPO's loss exactly.
+    """
+
+    def init(self, key):
+        return {name: jnp.zeros(()) for name in ("log_scale", "clip_mix", "over", "huber")}
+
+    def apply(self, meta_params, value, old_value, target, config):
+        error = value - target
+        clipped = old_value + jnp.clip(value - old_value, -config.clip_eps, config.clip_eps)
+        towards_clipped = 0.5 * (jnp.maximum(jnp.square(error), jnp.square(clipped - target)) - jnp.square(error))
+        base = L2_VALUE_LOSS.apply({}, value, old_value, target, config) + meta_params["clip_mix"] * towards_clipped
+        return (jnp.exp(meta_params["log_scale"]) * base + meta_params["over"] * 0.5 * jnp.square(jax.nn.relu(error))
+                + meta_params["huber"] * optax.huber_loss(value, target))

@@ -67,6 +67,7 @@ class FitnessSection:
     # the hand-designed baseline, recorded beside the population; "paired": also ranks each member by
     # its fitness minus the control's on the same seeds (docs/signal.md).
     control: str = "none"
+    reference_seeds: int = 32   # seeds of the reference returns normalize=baseline scores against (docs/experiments.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +231,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ConfigError("experiment: empty; allowed: the name of an experiment")
     _check_positive("es.generations", cfg.es.generations)
     _check_positive("fitness.num_seeds", cfg.fitness.num_seeds)
+    if cfg.fitness.reference_seeds < 2:
+        raise ConfigError(f"fitness.reference_seeds: {cfg.fitness.reference_seeds}; allowed: an integer >= 2")
     if cfg.fitness.statistic not in STATISTICS:
         raise ConfigError(f"fitness.statistic: {cfg.fitness.statistic!r}; allowed: {', '.join(STATISTICS)}")
     if cfg.fitness.normalize is not None and cfg.fitness.normalize not in NORMALIZATIONS:

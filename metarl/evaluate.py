@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from metarl.inspect import FIGURES, fail, parse_args
+from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
 FINAL_WINDOW = 0.1
@@ -55,20 +56,6 @@ def eval_keys(run_seed: int, num_seeds: int):
 def final_return(curves: np.ndarray, window: float = FINAL_WINDOW) -> np.ndarray:
     n = max(1, math.ceil(window * curves.shape[-1]))
     return curves[..., -n:].mean(axis=-1)
-
-
-def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
-    """Mean's t-based confidence interval over ``axis`` (NaN where fewer than 2 values)."""
-    from scipy import stats
-
-    x = np.asarray(x, dtype=float)
-    n = np.sum(np.isfinite(x), axis=axis)
-    mean = np.nanmean(x, axis=axis)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        sem = np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n)
-        half = stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * sem
-    half = np.where(n >= 2, half, np.nan)
-    return mean - half, mean + half
 
 
 def summarise(final: np.ndarray) -> dict:

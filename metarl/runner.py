@@ -49,15 +49,14 @@ def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger
     reference = scores.load_reference(run_dir, task.names)
     if reference is None:
         t = time.perf_counter()
-        reference = scores.measure_reference(task, cfg.seed, cfg.fitness.num_seeds)
+        reference = scores.measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
         if write:
             scores.save_reference(run_dir, reference)
         if logger is not None:
             logger.message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
     if logger is not None:
-        logger.message("normalised fitness = (R - random) / (baseline - random): " + "; ".join(
-            f"{n} baseline {b:.2f}, random {lo:.2f}" for n, b, lo in
-            zip(reference["tasks"], reference["base"], reference["low"])))
+        logger.message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: "
+                       + scores.describe(reference))
         bad = scores.degenerate(reference)
         if bad:
             logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "

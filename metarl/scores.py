@@ -5,8 +5,9 @@ the hand-designed baseline's return on the task (L2 value loss, PPO's clipping, 
 hyperparameters), scored with the run's fitness statistic, and ``R_low`` is a uniformly random policy's
 episode return. So the baseline scores 1 and random play 0 on every task, and a mean over tasks weighs
 CartPole's hundreds and Acrobot's negative returns alike. Both references are measured once, at the
-start of a run, on seeds of their own drawn from the run's seed, and stored in the run directory
-(``reference.json``), so a resumed run scores exactly as before and measures nothing again.
+start of a run, on ``fitness.reference_seeds`` seeds of their own drawn from the run's seed, and
+stored with their 95% confidence intervals in the run directory (``reference.json``), so a resumed run
+scores exactly as before and measures nothing again.
 """
 from __future__ import annotations
 
@@ -34,21 +35,39 @@ def normalization(cfg, num_tasks: int) -> str:
 
 
 def measure_reference(task, seed: int, num_seeds: int) -> dict:
-    """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds."""
+    """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds, with its
+    95% t-interval (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from
+    ``tasks.task_key(key, i)`` of each seed key, as a member and the control do."""
     from metarl import devices
     from metarl.inner_loops.envs import random_policy_return
+    from metarl.stats import t_interval
+    from metarl.tasks import task_key
 
     root = jax.random.key(seed)
     base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
     low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
-    base, low = [], []
-    for spec, train in zip(task.specs, task.baselines):
-        baseline = jax.jit(jax.vmap(lambda k, train=train: train(k)[1]["episode_return"]))
-        curve = devices.compile_program(baseline, base_keys)(base_keys)
-        base.append(float(jnp.mean(task.statistic(curve))))
-        random_play = jax.jit(jax.vmap(lambda k, env=spec.env: random_policy_return(env, k)))
-        low.append(float(jnp.mean(devices.compile_program(random_play, low_keys)(low_keys))))
-    return {"tasks": task.names, "base": base, "low": low, "num_seeds": num_seeds, "seed": seed}
+    reference = {"tasks": task.names, "base": [], "low": [], "base_ci": [], "low_ci": [], "num_seeds": num_seeds,
+                 "seed": seed}
+    for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):
+        baseline = jax.jit(jax.vmap(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"]))
+        random_play = jax.jit(jax.vmap(lambda k, env=spec.env, i=i: random_policy_return(env, task_key(k, i))))
+        for name, program, keys in (("base", baseline, base_keys), ("low", random_play, low_keys)):
+            values = np.asarray(devices.compile_program(program, keys)(keys), np.float64)
+            values = np.asarray(task.statistic(values)) if name == "base" else values
+            reference[name].append(float(values.mean()))
+            reference[name + "_ci"].append([float(b) for b in t_interval(values)])
+    return reference
+
+
+def describe(reference: dict) -> str:
+    """The reference returns in one line: each baseline's with its 95% interval and the interval's half-width
+    in percent of the task's baseline-random gap, where the reference has intervals (older runs' have none)."""
+    ci = reference.get("base_ci")
+    return "; ".join(
+        f"{name} baseline {base:.2f}" + (f" [{ci[i][0]:.2f}, {ci[i][1]:.2f}] (+-{50 * (ci[i][1] - ci[i][0]) / gap:.1f}%"
+                                         " of the gap)" if ci else "") + f", random {low:.2f}"
+        for i, (name, base, low, gap) in enumerate(zip(reference["tasks"], reference["base"], reference["low"],
+                                                       spans(reference)))) + f" (over {reference['num_seeds']} seeds)"
 
 
 def save_reference(run_dir: Path, reference: dict) -> None:

@@ -34,6 +34,16 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(per_task))
 
 
+def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
+    """Mean's t-based confidence interval over ``axis`` (NaN where fewer than 2 values)."""
+    x = np.asarray(x, dtype=float)
+    n, mean = np.sum(np.isfinite(x), axis=axis), np.nanmean(x, axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        half = scipy.stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n)
+    half = np.where(n >= 2, half, np.nan)
+    return mean - half, mean + half
+
+
 def interval(statistic: Callable[..., float], scores: tuple[np.ndarray, ...], reps: int,
              rng: np.random.RandomState, size: float = 0.95) -> tuple[float, list[float]]:
     """``statistic(*scores)`` and its stratified bootstrap interval of coverage ``size`` from ``reps``

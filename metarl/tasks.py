@@ -193,6 +193,11 @@ class Task:
         return self.trainers[i](meta)
 
 
+def task_key(key: jax.Array, i: int) -> jax.Array:
+    """The key task ``i`` trains from on a seed key (members, the control and the reference returns alike)."""
+    return jax.random.fold_in(key, i) if i else key
+
+
 def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
     def final(curve):
         n = max(1, math.ceil(window * curve.shape[-1]))
@@ -235,8 +240,7 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
 
     def score(trains, key):
         # Every task in one program; task i trains from its own stream of the seed key.
-        return jnp.stack([stat(train(jax.random.fold_in(key, i) if i else key)[1]["episode_return"])
-                          for i, train in enumerate(trains)])
+        return jnp.stack([stat(train(task_key(key, i))[1]["episode_return"]) for i, train in enumerate(trains)])
 
     def fitness_fn(meta, key):
         return score([make(meta) for make in trainers], key)

@@ -103,8 +103,8 @@ def test_cfg_job_prints_the_composed_config_and_help_lists_experiments_and_keys(
     assert shown["inner"]["num_envs"] == 2 and "hydra" not in shown
     proc = evolve(["--help"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for text in ("-m experiment=NAME", "value_loss, value_loss_gpu", "hyperparams", "es.popsize=16",
-                 "fitness.num_seeds=2", "inner.lr=", "component.*"):
+    for text in ("-m experiment=NAME", "value_loss, value_loss_family, value_loss_gpu", "drift_family",
+                 "hyperparams", "es.popsize=16", "fitness.num_seeds=2", "inner.lr=", "component.*"):
         assert text in proc.stdout, text
     launchers = next(line for line in proc.stdout.splitlines() if line.startswith("launchers"))
     assert {"basic", "joblib"} <= set(launchers.split(": ", 1)[1].split(", "))

@@ -8,8 +8,10 @@ import probe_envs  # noqa: F401  (registers the Probe-* environments)
 from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
     L2_VALUE_LOSS,
+    DriftFamily,
     LPODrift,
     MLPValueLoss,
+    ValueLossFamily,
     training_progress,
 )
 from metarl.inner_loops.ppo import (
@@ -280,6 +282,107 @@ def test_zero_temporal_components_give_exactly_the_hand_designed_gradient():
     early, late = (ppo_loss(params, network.apply, batch, cfg, random, value_loss, lpo, False,
                             training_progress(jnp.int32(i), 100))[0] for i in (0, 99))
     assert abs(float(early) - float(late)) > 1e-6
+
+
+def _assert_same_loss_and_gradient(loss_a, loss_b, params):
+    np.testing.assert_allclose(loss_a(params), loss_b(params), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(jax.grad(loss_a)(params)), jax.tree.leaves(jax.grad(loss_b)(params))):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8)
+
+
+def _zeros(component):
+    return jax.tree.map(jnp.zeros_like, component.init(jax.random.key(0)))
+
+
+@pytest.mark.parametrize("clip_value_loss", [True, False])
+def test_small_families_at_zero_are_ppo_in_loss_and_gradient(clip_value_loss):
+    """Zero meta-parameters of the drift and value-loss families are PPO's clipped surrogate and L2
+    (clipped or not), with the clip-range schedule on and the progress handed in."""
+    cfg = PPOConfig(clip_value_loss=clip_value_loss)
+    network, params, batch = _fixed_batch(cfg)
+    drift, value_loss = DriftFamily(), ValueLossFamily()
+    assert drift.temporal and sum(x.size for x in jax.tree.leaves(drift.init(None))) == 14
+    assert sum(x.size for x in jax.tree.leaves(value_loss.init(None))) == 4
+    meta = {"policy_objective": _zeros(drift), "value_loss": _zeros(value_loss)}
+    progress = training_progress(jnp.int32(37), 100)
+
+    def family_loss(p):
+        return ppo_loss(p, network.apply, batch, cfg, meta, value_loss, drift, False, progress)[0]
+
+    def hand_loss(p):
+        return ppo_loss(p, network.apply, batch, cfg, None, L2_VALUE_LOSS, CLIPPED_SURROGATE, False)[0]
+
+    _assert_same_loss_and_gradient(family_loss, hand_loss, params)
+    # The batch's ratios lie on both sides of the clip range, so the clipping is exercised.
+    logits = network.apply(params, batch.obs)[0][0]
+    ratio = jnp.exp(jnp.take_along_axis(jax.nn.log_softmax(logits), batch.action[:, None], 1)[:, 0] - batch.log_prob)
+    assert float(jnp.min(ratio)) < 0.8 and float(jnp.max(ratio)) > 1.2
+
+
+def _published_dpo_objective(ratio, adv, alpha=2.0, beta=0.6):
+    """r A - drift of Lu et al. 2022, written out on its own to check the family against."""
+    x = (ratio - 1) * adv
+    y = jnp.log(ratio) * adv
+    drift = jnp.where(adv >= 0, jnp.maximum(x - alpha * jnp.tanh(x / alpha), 0),
+                      jnp.maximum(y - beta * jnp.tanh(y / beta), 0))
+    return ratio * adv - drift
+
+
+def test_dpo_is_a_point_of_the_drift_family():
+    cfg = PPOConfig()
+    ratio = jnp.exp(jax.random.normal(jax.random.key(1), (512,)) * 0.5)
+    adv = jax.random.normal(jax.random.key(2), (512,)) * 2
+    progress = training_progress(jnp.int32(10), 100)
+    from_dpo = DriftFamily(baseline="dpo")
+    from_ppo = DriftFamily()  # PPO's start, moved to DPO: weight -1 on PPO's drift and +1 on DPO's
+    moved = _zeros(from_ppo)
+    moved["weights"] = moved["weights"].at[:, :2].set(jnp.array([-1.0, 1.0]))
+    for family, meta in ((from_dpo, _zeros(from_dpo)), (from_ppo, moved)):
+        def objective(r, family=family, meta=meta):
+            return family.apply(meta, r, adv, cfg, progress=progress).sum()
+
+        np.testing.assert_allclose(family.apply(meta, ratio, adv, cfg, progress=progress),
+                                   _published_dpo_objective(ratio, adv), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(jax.grad(objective)(ratio), jax.grad(lambda r: _published_dpo_objective(
+            r, adv).sum())(ratio), rtol=1e-6, atol=1e-6)
+    # DPO's drift differs from PPO's on these samples, so the two points are distinct.
+    assert not np.allclose(_published_dpo_objective(ratio, adv), CLIPPED_SURROGATE.apply(None, ratio, adv, cfg))
+    with pytest.raises(ValueError, match="^baseline: 'trpo'; allowed: ppo, dpo$"):
+        DriftFamily(baseline="trpo")
+
+
+def test_the_clip_range_schedule_moves_with_training_progress():
+    cfg = PPOConfig()
+    family = DriftFamily()
+    ratio = jnp.linspace(0.5, 1.5, 101)
+    adv = jnp.ones_like(ratio)
+    meta = _zeros(family)
+    early, late = (family.apply(meta, ratio, adv, cfg, progress=training_progress(jnp.int32(i), 100))
+                   for i in (0, 99))
+    np.testing.assert_array_equal(early, late)  # zero: the constant clip range
+    meta["clip_schedule"] = jnp.array([-1.0, 0.0])  # the clip range shrinks to e^-1 of itself
+    early, late = (family.apply(meta, ratio, adv, cfg, progress=training_progress(jnp.int32(i), 100))
+                   for i in (0, 99))
+    np.testing.assert_allclose(early, CLIPPED_SURROGATE.apply(None, ratio, adv, cfg), rtol=1e-6)
+    np.testing.assert_allclose(float(late.max()), 1.0 + 0.2 * np.exp(-0.99), rtol=1e-5)
+
+
+def test_value_loss_family_moves_between_clipped_and_unclipped_l2():
+    v, old, t = (jax.random.normal(jax.random.key(i), (256,)) for i in range(3))
+    family = ValueLossFamily()
+    meta = _zeros(family)
+    clipped, unclipped = PPOConfig(), PPOConfig(clip_value_loss=False)
+    np.testing.assert_array_equal(family.apply(meta, v, old, t, clipped), L2_VALUE_LOSS.apply({}, v, old, t, clipped))
+    meta["clip_mix"] = jnp.float32(-1.0)
+    np.testing.assert_allclose(family.apply(meta, v, old, t, clipped), L2_VALUE_LOSS.apply({}, v, old, t, unclipped),
+                               rtol=1e-6, atol=1e-7)
+    meta = dict(_zeros(family), over=jnp.float32(1.0))  # over-estimates cost twice as much
+    loss = family.apply(meta, v, old, t, unclipped)
+    np.testing.assert_allclose(loss, jnp.where(v > t, 2.0, 1.0) * 0.5 * (v - t) ** 2, rtol=1e-6)
+    meta = dict(_zeros(family), huber=jnp.float32(1.0), log_scale=jnp.float32(np.log(3.0)))
+    error = np.abs(np.asarray(v - t))
+    huber = np.where(error <= 1, 0.5 * error ** 2, error - 0.5)
+    np.testing.assert_allclose(family.apply(meta, v, old, t, unclipped), 1.5 * error ** 2 + huber, rtol=1e-5)
 
 
 @pytest.mark.timeout(300)

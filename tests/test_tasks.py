@@ -9,7 +9,7 @@ import pytest
 from clihelp import TINY, evolve, final_state, records, start_and_kill_after
 
 from metarl import scores
-from metarl.config import ConfigError, load
+from metarl.config import ConfigError, available_experiments, load
 from metarl.outer_loops.evolution import ESConfig, Evolution
 from metarl.tasks import build_task, task_specs
 
@@ -29,6 +29,47 @@ def test_normalisation_maps_the_baseline_to_one_and_random_play_to_zero():
     assert scores.degenerate(flat) == ["x"]
     low, high = np.asarray(scores.normalize(jnp.array([[10.0], [30.0]]), flat))[:, 0]
     assert high > low
+
+
+def test_a_reference_without_intervals_still_reads():
+    """Runs measured before the intervals were stored hold means only; they print and score as before."""
+    old = {"tasks": ["a"], "base": [500.0], "low": [20.0], "num_seeds": 2, "seed": 0}
+    assert scores.describe(old) == "a baseline 500.00, random 20.00 (over 2 seeds)"
+    new = {**old, "base_ci": [[488.0, 512.0]], "low_ci": [[19.0, 21.0]]}
+    assert scores.describe(new) == "a baseline 500.00 [488.00, 512.00] (+-2.5% of the gap), random 20.00 (over 2 seeds)"
+    np.testing.assert_array_equal(scores.normalize(np.array([[260.0]]), old), [[0.5]])
+    with pytest.raises(ConfigError, match="^fitness.reference_seeds: 1; allowed: an integer >= 2"):
+        load("value_loss", ["fitness.reference_seeds=1"])
+
+
+@pytest.mark.timeout(300)
+def test_reference_intervals_shrink_with_seeds_and_each_task_trains_from_the_members_keys():
+    tiny = [a for a in TINY if not a.startswith("inner.total_timesteps")]
+    task_cfg = load("value_loss", [*tiny, "inner.total_timesteps=512", "fitness.statistic=final",
+                                   "tasks=[CartPole-v1,{env: CartPole-v1, inner: {total_timesteps: 256}}]"])
+    task = build_task(task_cfg)
+    few = scores.measure_reference(task, 3, 3)
+    many = scores.measure_reference(build_task(task_cfg, task.specs[:1]), 3, 24)  # one task: fewer compilations
+    for name in ("base", "low"):
+        (lo3, hi3), (lo24, hi24) = few[name + "_ci"][0], many[name + "_ci"][0]
+        assert lo3 <= few[name][0] <= hi3 and 0 < hi24 - lo24 < hi3 - lo3
+    # Task i's baseline trains from tasks.task_key(key, i), as the control (and a member) does.
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(3), scores._BASE_STREAM), 3)
+    control = np.asarray(jax.jit(jax.vmap(task.control_fn))(keys))
+    np.testing.assert_allclose(few["base"], control.mean(axis=0), rtol=1e-5)
+    assert control[:, 0].tolist() != control[:, 1].tolist()
+
+
+@pytest.mark.parametrize("experiment", available_experiments())
+def test_every_shipped_experiment_builds_and_starts_at_its_baseline(experiment):
+    """Each shipped experiment's config and task build (nothing is compiled); the small families start at
+    the hand-designed rule: zero meta-parameters, counted."""
+    cfg = load(experiment, [])
+    task = build_task(cfg)
+    sizes = {"drift_family": 14, "value_loss_family": 4}
+    if experiment in sizes:
+        assert sum(x.size for x in jax.tree.leaves(task.init_mean)) == sizes[experiment]
+        assert all(not np.any(x) for x in jax.tree.leaves(task.init_mean))
 
 
 def test_several_tasks_trace_the_generation_once():
@@ -98,7 +139,8 @@ ARGS = ["experiment=value_loss", *[a for a in TINY if not a.startswith("inner.to
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("straight") / "run"
-    evolve([*ARGS, f"run_dir={run_dir}"], cwd=run_dir.parent, check=True)
+    proc = evolve([*ARGS, f"run_dir={run_dir}"], cwd=run_dir.parent, check=True)
+    (run_dir.parent / "stdout.txt").write_text(proc.stdout)
     return run_dir
 
 
@@ -113,6 +155,11 @@ def test_two_task_run_writes_per_task_fitness_and_its_reference(straight):
             assert set(t) == {"raw_mean", "score_mean", "raw_best", "score_best"}
     reference = json.loads((straight / "reference.json").read_text())
     assert reference["tasks"] == names and len(reference["base"]) == len(reference["low"]) == 2
+    assert reference["num_seeds"] == 32  # fitness.reference_seeds, not fitness.num_seeds
+    assert scores.describe(reference) in (straight.parent / "stdout.txt").read_text()  # printed at the start
+    for name in ("base", "low"):
+        for mean, (low, high) in zip(reference[name], reference[name + "_ci"]):
+            assert low <= mean <= high
     # The fitness the strategy ranked is the mean of the normalised scores.
     r = recs[-1]
     np.testing.assert_allclose(r["mean"], np.mean([t["score_mean"] for t in r["tasks"].values()]), rtol=1e-4)
