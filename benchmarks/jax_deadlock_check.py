@@ -1,20 +1,23 @@
-"""Does a jax release deadlock on this CPU? metarl's PPO trainer, run N times, each in a fresh process under a timeout.
+"""Does a jax release deadlock on this CPU? A PPO training run N times, each in a fresh process under a timeout.
 
-Each run is a child process that compiles ``jax.jit(jax.vmap(train))`` of ``metarl.inner_loops.ppo`` on
-CartPole-v1 (4 envs x 128 steps, 4 epochs x 4 minibatches, 64x64) over ``--seeds`` keys with a
-``--total-timesteps`` budget, then runs it once. A run that has not finished after ``--timeout`` seconds
-is killed and counted as a hang; its CPU seconds tell a deadlock (XLA's threads all waiting, near 0 CPU)
-from a slow run. Every child compiles from scratch (no persistent compilation cache) and gets default
-XLA flags (``XLA_FLAGS`` is removed from their environment) unless
-``--xla-flags`` gives some, and are run with ``--python`` (default: this interpreter), so one
-invocation checks another virtual environment's jax. Prints ONE JSON object: the children's jax and
-jaxlib, runs, hangs, errors, the median frames/s and compile seconds of the runs that finished, the
-flags, and the load average before and after (the machine may be shared).
+Each run is a child process that compiles ``jax.jit(jax.vmap(train))`` over ``--seeds`` keys, with a
+``--total-timesteps`` budget on CartPole-v1 (4 envs x 128 steps, 4 epochs x 4 minibatches, 64x64), and
+runs it once. ``train`` is ``metarl.inner_loops.ppo``'s, or with ``--impl reference`` the
+PureJaxRL-style PPO in ``benchmarks/reference_ppo.py``. A child still compiling after
+``--compile-timeout`` s, or still running after ``--timeout`` s more, is killed and counted as a hang;
+its CPU seconds tell a deadlock (all threads waiting) from a slow run. Every child compiles from
+scratch (no persistent compilation cache) with default XLA flags (``XLA_FLAGS`` is removed from its
+environment) unless ``--xla-flags`` gives some, and runs under ``--python`` (default: this
+interpreter), so one invocation checks another virtual environment's jax. Prints ONE JSON object:
+the children's jax and jaxlib, runs, hangs, errors, the medians of frames/s and compile seconds over
+the runs that finished, the settings, the load average before and after (the machine may be shared)
+and every run's record; progress goes to stderr.
 
 Usage::
 
-    python benchmarks/jax_deadlock_check.py --runs 6                      # about 2-4 minutes on 2 cores
-    python benchmarks/jax_deadlock_check.py --runs 6 --python /tmp/jax0102/bin/python \\
+    python benchmarks/jax_deadlock_check.py --runs 6                  # about 3-5 minutes on 2 cores
+    python benchmarks/jax_deadlock_check.py --runs 6 --impl reference --python /tmp/jax0102/bin/python
+    python benchmarks/jax_deadlock_check.py --runs 6 --seeds 8 \\
         --xla-flags=--xla_cpu_enable_concurrency_optimized_scheduler=false
 """
 from __future__ import annotations
@@ -39,8 +42,15 @@ def child(args) -> None:
     from metarl.inner_loops.ppo import PPOConfig, make_train
 
     print(json.dumps({"jax": jax.__version__, "jaxlib": __import__("jaxlib").__version__}), flush=True)
-    config = PPOConfig(env="CartPole-v1", total_timesteps=int(args.total_timesteps))
-    train = jax.jit(jax.vmap(make_train(config)))
+    total = int(args.total_timesteps)
+    if args.impl == "metarl":
+        config = PPOConfig(env="CartPole-v1", total_timesteps=total)
+        one, frames = make_train(config), config.frames_per_run
+    else:  # benchmarks/ is on sys.path: this file runs as a script
+        import reference_ppo
+        one = reference_ppo.make_train(total_timesteps=total)
+        frames = reference_ppo.frames_per_run(total_timesteps=total)
+    train = jax.jit(jax.vmap(one))
     keys = jax.random.split(jax.random.key(0), args.seeds)
     start = time.perf_counter()
     compiled = compile_program(train, keys) if args.compile == "metarl" else train.lower(keys).compile()
@@ -48,7 +58,7 @@ def child(args) -> None:
     start = time.perf_counter()
     jax.block_until_ready(compiled(keys))
     run_s = time.perf_counter() - start
-    print(json.dumps({"run_s": round(run_s, 4), "frames_per_s": round(config.frames_per_run * args.seeds / run_s)}),
+    print(json.dumps({"run_s": round(run_s, 4), "frames_per_s": round(frames * args.seeds / run_s)}),
           flush=True)
 
 
@@ -59,7 +69,7 @@ def one_run(args) -> dict:
     if args.xla_flags:
         env["XLA_FLAGS"] = args.xla_flags
     cmd = [args.python, os.path.abspath(__file__), "--child", "--seeds", str(args.seeds),
-           "--total-timesteps", str(args.total_timesteps), "--compile", args.compile]
+           "--total-timesteps", str(args.total_timesteps), "--compile", args.compile, "--impl", args.impl]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as stderr:
@@ -67,14 +77,16 @@ def one_run(args) -> dict:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")))
         reader.start()
-        status, phase_start = None, start
+        status, compiled_at = None, None
         while proc.poll() is None and status is None:
-            compiled = any('"compile_s"' in line for line in lines)
-            if compiled and phase_start == start:
-                phase_start = time.perf_counter()
-            if time.perf_counter() - phase_start > (args.timeout if compiled else args.compile_timeout):
+            if compiled_at is None and any('"compile_s"' in line for line in lines):
+                compiled_at = time.perf_counter()
+            if compiled_at is None and time.perf_counter() - start > args.compile_timeout:
+                status = "hang in compile"
+            elif compiled_at is not None and time.perf_counter() - compiled_at > args.timeout:
+                status = "hang"
+            if status:
                 proc.kill()
-                status = "hang" if compiled else "hang in compile"
             time.sleep(0.1)
         proc.wait()
         reader.join()
@@ -102,6 +114,8 @@ def main() -> None:
     parser.add_argument("--xla-flags", default="", help="XLA_FLAGS for the children (default: none)")
     parser.add_argument("--compile", choices=("default", "metarl"), default="default",
                         help="jax's default compiler options, or metarl's own (metarl.devices.compiler_options)")
+    parser.add_argument("--impl", choices=("metarl", "reference"), default="metarl",
+                        help="metarl's PPO, or the PureJaxRL-style one in benchmarks/reference_ppo.py")
     parser.add_argument("--python", default=sys.executable, help="interpreter (and so jax) the children use")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -121,7 +135,7 @@ def main() -> None:
         "runs": len(records), "hangs": sum(r["status"].startswith("hang") for r in records),
         "errors": sum(r["status"].startswith("exit") for r in records),
         "frames_per_s_median": median("frames_per_s"), "compile_s_median": median("compile_s"),
-        "xla_flags": args.xla_flags, "compile": args.compile, "seeds": args.seeds,
+        "impl": args.impl, "xla_flags": args.xla_flags, "compile": args.compile, "seeds": args.seeds,
         "total_timesteps": int(args.total_timesteps), "timeout_s": args.timeout,
         "compile_timeout_s": args.compile_timeout,
         "cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
