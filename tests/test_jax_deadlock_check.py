@@ -1,0 +1,23 @@
+"""benchmarks/jax_deadlock_check.py at its smallest: one run of one tiny training, and its JSON."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_one_run_reports_this_jax_and_a_finished_run():
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "jax_deadlock_check.py"), "--runs", "1",
+         "--seeds", "1", "--total-timesteps", "512", "--compile", "metarl", "--timeout", "60",
+         "--compile-timeout", "240"],
+        capture_output=True, text=True, timeout=300, check=True).stdout
+    result = json.loads(out)
+    assert result["jax"] == jax.__version__ and result["python"] == sys.executable
+    assert (result["runs"], result["hangs"], result["errors"]) == (1, 0, 0)
+    assert result["per_run"][0]["status"] == "ok" and result["frames_per_s_median"] > 0
+    assert result["compile_s_median"] > 0 and result["xla_flags"] == ""
+    assert len(result["loadavg_before"]) == 3 and len(result["loadavg_after"]) == 3
