@@ -46,7 +46,7 @@ def measure_reference(task, seed: int, num_seeds: int) -> dict:
         baseline = jax.jit(jax.vmap(lambda k, train=train: train(k)[1]["episode_return"]))
         curve = devices.compile_program(baseline, base_keys)(base_keys)
         base.append(float(jnp.mean(task.statistic(curve))))
-        random_play = jax.jit(jax.vmap(lambda k, env=spec.env: random_policy_return(env, k)))
+        random_play = jax.jit(jax.vmap(lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())))
         low.append(float(jnp.mean(devices.compile_program(random_play, low_keys)(low_keys))))
     return {"tasks": task.names, "base": base, "low": low, "num_seeds": num_seeds, "seed": seed}
 
