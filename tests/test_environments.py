@@ -25,9 +25,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_env" / "cor
 def example_command(program: str) -> list[str]:
     """The arguments of the example's own ``python -m PROGRAM ...`` line, as its docstring writes it."""
     for line in EXAMPLE.read_text().splitlines():
-        words = shlex.split(line.split("#")[0])
-        if words[:3] == ["python", "-m", program]:
-            return words[3:]
+        if line.strip().startswith(f"python -m {program} "):
+            return shlex.split(line.split("#")[0])[3:]
     raise AssertionError(f"no `python -m {program}` line in {EXAMPLE}")
 
 
@@ -74,7 +73,8 @@ def test_an_environment_without_the_gymnax_interface_exits_2_naming_the_field(tm
 
 
 def specs_and_configs(overrides: dict, field="tasks"):
-    cfg = config_lib.from_dict({"experiment": "x", "component": {"kind": "hyperparams", "search": {}}, **overrides})
+    cfg = config_lib.from_dict({"experiment": "x", "component": {"kind": "hyperparams", "search": {}},
+                                "inner": {"total_timesteps": 512, **overrides.pop("inner", {})}, **overrides})
     specs = task_specs(cfg, field)
     return specs, [inner_config(cfg, spec)[2] for spec in specs]
 
@@ -95,7 +95,7 @@ def specs_and_configs(overrides: dict, field="tasks"):
 def test_bad_environments_name_the_field(monkeypatch, overrides, field):
     monkeypatch.syspath_prepend(str(EXAMPLE.parent))
     with pytest.raises(ConfigError) as err:
-        specs_and_configs(overrides)
+        specs_and_configs(dict(overrides))
     assert str(err.value).startswith(f"{field}: ") and "\n" not in str(err.value), str(err.value)
 
 

@@ -29,6 +29,9 @@ except ImportError:  # a plain ImportError, so the config error says what to ins
     raise ImportError('brax is not installed; pip install "metarl[brax]"') from None
 
 
+BACKENDS = ("spring", "positional", "generalized", "mjx")  # Brax's physics pipelines, fastest to compile first
+
+
 @struct.dataclass
 class EnvState(environment.EnvState):
     brax: Any         # brax.envs.State
@@ -41,19 +44,21 @@ class EnvParams(environment.EnvParams):
 
 
 class Brax(environment.Environment[EnvState, EnvParams]):
-    """One Brax environment by name (``brax.envs.get_environment``); other keywords go to it."""
+    """One Brax environment by name (``brax.envs.get_environment``) on one physics ``backend``."""
 
     def __init__(self, env_name: str = "inverted_pendulum", backend: str = "spring",
-                 max_steps_in_episode: int = 1000, **kwargs: Any):
+                 max_steps_in_episode: int = 1000):
         super().__init__()
         if env_name not in brax_envs._envs:
             raise ValueError(f"env_name: {env_name!r}; allowed: {', '.join(sorted(brax_envs._envs))}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: {backend!r}; allowed: {', '.join(BACKENDS)}")
         if max_steps_in_episode < 1:
             raise ValueError(f"max_steps_in_episode: {max_steps_in_episode}; allowed: >= 1")
         self.env_name = env_name
         with warnings.catch_warnings():  # "Brax System, pipelines and environments are not actively maintained"
             warnings.simplefilter("ignore", UserWarning)
-            self.env = brax_envs.get_environment(env_name, backend=backend, **kwargs)
+            self.env = brax_envs.get_environment(env_name, backend=backend)
         self.max_steps = max_steps_in_episode
 
     @property

@@ -6,8 +6,9 @@
 The observation is the agent's egocentric view (``view_size`` x ``view_size`` x 2 tile and colour
 codes) flattened to floats for an MLP; six discrete actions. An episode ends at the goal
 (terminated; reward ``1 - 0.9 * steps / max_steps``) or after ``max_steps`` (truncated).
-XLand tasks (``XLand-MiniGrid-R1-9x9``, ...) also take ``ruleset``: the rule set of one
-benchmark task, which they need (``xminigrid.load_benchmark(name).get_ruleset(i)``).
+``max_steps`` and ``view_size`` replace the id's own; XLand tasks (``XLand-MiniGrid-R1-9x9``, ...)
+also take ``ruleset``, the rule set of one benchmark task, which they need
+(``xminigrid.load_benchmark(name).get_ruleset(i)``; in code, not from a config file).
 """
 from __future__ import annotations
 
@@ -31,16 +32,17 @@ class EnvState(environment.EnvState):
 
 
 class XMiniGrid(environment.Environment[EnvState, environment.EnvParams]):
-    """One XLand-MiniGrid environment by id; other keywords are its parameters (``max_steps``,
-    ``view_size``, ``ruleset``, ...)."""
+    """One XLand-MiniGrid environment by id, with its parameters where given (None: the id's own)."""
 
-    def __init__(self, env_id: str = "MiniGrid-Empty-5x5", **params: Any):
+    def __init__(self, env_id: str = "MiniGrid-Empty-5x5", max_steps: int | None = None,
+                 view_size: int | None = None, ruleset: Any = None):
         super().__init__()
         if env_id not in xminigrid.registered_environments():
             raise ValueError(f"env_id: {env_id!r}; allowed: {', '.join(xminigrid.registered_environments())}")
         self.env_id = env_id
         self.env, self.params = xminigrid.make(env_id)
-        self.params = self.params.replace(**params)
+        given = {"max_steps": max_steps, "view_size": view_size, "ruleset": ruleset}
+        self.params = self.params.replace(**{k: v for k, v in given.items() if v is not None})
 
     @property
     def name(self) -> str:
