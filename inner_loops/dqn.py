@@ -113,7 +113,6 @@ class DQNConfig:
 
     def validate(self) -> "DQNConfig":
         _check_types(self)
-        envs.check_name(self.env, "env")
         envs.check_discrete_actions(self.env, dict(self.env_kwargs), "DQN")
         if self.epsilon_schedule not in EPSILON_SCHEDULES:
             raise ValueError(

@@ -78,7 +78,6 @@ class QLearningConfig:
 
     def validate(self) -> "QLearningConfig":
         _check_types(self)
-        envs.check_name(self.env, "env")
         envs.check_tabular(self.env, dict(self.env_kwargs), "Q-learning")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm: unknown {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}")

@@ -113,8 +113,8 @@ class DevicesSection:
 class RunConfig:
     experiment: str
     seed: int = 0
-    env: str = "CartPole-v1"
-    # Meta-training tasks (each an env id, or {env, inner: {...}, name}); empty: the one task `env`.
+    env: typing.Union[str, dict] = "CartPole-v1"   # a name, or {_target_: NAME or dotted.path, ...arguments}
+    # Meta-training tasks (each an env, or {env, inner: {...}, name}); empty: the one task `env`.
     tasks: Optional[list] = None
     eval_tasks: Optional[list] = None   # held out: never used for fitness
     run_dir: Optional[str] = None

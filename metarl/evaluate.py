@@ -103,7 +103,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
     from metarl import checkpoints, results
     from metarl.config import ConfigError
-    from metarl.tasks import TaskSpec, task_specs
+    from metarl.tasks import TaskSpec, default_name, task_specs
 
     def evaluated(cfg):
         if tasks is not None:
@@ -114,8 +114,9 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
             inner = dict(base.inner)
             if total_timesteps is not None:
                 inner["total_timesteps"] = total_timesteps
-            name = (env or base.env) + (f"[total_timesteps={total_timesteps}]" if total_timesteps else "")
-            return [TaskSpec(name, env or base.env, inner, "env")]
+            env_args = None if env else base.env_args
+            name = default_name(env or base.env, env_args, {"total_timesteps": total_timesteps} if total_timesteps else {})
+            return [TaskSpec(name, env or base.env, inner, "env", env_args)]
         return trained + task_specs(cfg, "eval_tasks")
 
     try:
@@ -137,7 +138,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
 
 def _spec_key(spec) -> tuple:
-    return spec.env, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
+    return spec.env, spec.env_args, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
 
 
 def _train_sides(task, meta, keys, formula=None):
@@ -155,7 +156,7 @@ def _train_sides(task, meta, keys, formula=None):
     for i, spec in enumerate(task.specs):
         programs[(spec.name, learned)] = lambda k, i=i: task.make_train(meta, i)(k)[1]["episode_return"]
         programs[(spec.name, baseline)] = lambda k, i=i: task.baselines[i](k)[1]["episode_return"]
-        programs[(spec.name, "random")] = lambda k, env=spec.env: random_policy_return(env, k)
+        programs[(spec.name, "random")] = lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())
         if formula is not None:
             entry, formula_task = formula
             programs[(spec.name, formula_label(entry["k"]))] = (

@@ -52,14 +52,14 @@ def parse_args(argv: list[str], allowed: dict, usage: str | None = None) -> tupl
 
 
 def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
-    from metarl import plots, results
+    from metarl import plots, results, tasks
 
     history = results.history(run_dir)
     if not history:
         print(f"note: {run_dir} has no finished generation yet; no fitness plot", file=sys.stderr)
         return []
     names = list(history[-1].get("tasks", {}))
-    where = cfg.env if len(names) <= 1 else f"{len(names)} tasks"
+    where = tasks.task_specs(cfg)[0].name if len(names) <= 1 else f"{len(names)} tasks"
     title = f"{cfg.experiment} on {where}: {len(history)}/{cfg.es.generations} generations, popsize {cfg.es.popsize}"
     paths = [plots.save(plots.fitness_figure(history, title, paired=cfg.fitness.control == "paired"), out / "fitness.png")]
     if any("signal_between" in r for r in history):

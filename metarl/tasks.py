@@ -19,6 +19,7 @@ import numpy as np
 
 from metarl import kinds, plugins
 from metarl.config import ConfigError, RunConfig
+from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops import trainer as trainer_protocol
 
 # The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
@@ -56,18 +57,21 @@ def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
         target, field = TRAINERS[algo], "inner.algo"
     else:
         algo, field = target, "inner._target_"
-    if "env" in inner:
-        raise ConfigError("inner.env: set the environment with the top-level `env=ID` (or `tasks`)")
+    for key in {"env", "env_kwargs"} & set(inner):
+        raise ConfigError(f"inner.{key}: set the environment with the top-level `env` (or `tasks`)")
     for key in spec.inner:
-        if key in ("algo", plugins.TARGET, "env"):
+        if key in ("algo", plugins.TARGET, "env", "env_kwargs"):
             raise ConfigError(f"{spec.path}.inner.{key}: set for the whole run; allowed: the trainer's own "
                               "settings (total_timesteps, num_envs, num_steps, hidden, ...)")
     inner.update(spec.inner)
     config_cls = plugins.locate(target, field)
     module = trainer_module(config_cls)
+    env_field = "env" if spec.path == "env" else f"{spec.path}.env"
+    envs_lib.build(spec.env, spec.env_args or (), env_field if spec.env_args is None else f"{env_field}._target_")
     try:
-        takes_env = "env" in plugins.constructor_arguments(config_cls)[0]
-        config = plugins.instantiate(target, inner, field, "inner.", injected={"env": spec.env} if takes_env else {})
+        env = {"env": spec.env, "env_kwargs": spec.env_args or ()}  # for a config class that takes them
+        env = {k: v for k, v in env.items() if k in plugins.constructor_arguments(config_cls)[0]}
+        config = plugins.instantiate(target, inner, field, "inner.", injected=env)
         if callable(getattr(config, "validate", None)):
             config.validate()
     except ConfigError as err:
@@ -110,9 +114,10 @@ class TaskSpec:
     """One task: an environment and the trainer settings that differ from the run's ``inner``."""
 
     name: str          # unique within its list; how logs, metrics and tables name it
-    env: str
+    env: str           # a registered name or a dotted path (``metarl.inner_loops.envs``)
     inner: dict        # overrides of ``cfg.inner`` for this task
     path: str          # where it came from in the config, for error messages ("tasks[1]", or "env")
+    env_args: tuple | None = None  # ((argument, value), ...) of the {_target_: ...} form; None: a plain name
 
 
 TASK_KEYS = ("env", "inner", "name")
@@ -122,27 +127,16 @@ def task_specs(cfg: RunConfig, field: str = "tasks") -> list[TaskSpec]:
     """``cfg.tasks`` (or ``cfg.eval_tasks``) as TaskSpecs; no ``tasks``: the one task ``env``."""
     items = getattr(cfg, field)
     if items is None:
-        return [TaskSpec(cfg.env, cfg.env, {}, "env")] if field == "tasks" else []
+        return [_spec({"env": cfg.env}, "env", "env")] if field == "tasks" else []
     if field == "tasks" and not items:
         raise ConfigError("tasks: an empty list; allowed: a list of env ids or {env, inner, name} "
                           "mappings, or leave it unset and give `env=ID`")
     specs = []
     for i, item in enumerate(items):
         path = f"{field}[{i}]"
-        if isinstance(item, str):
-            item = {"env": item}
-        if not isinstance(item, dict):
+        if not isinstance(item, (str, dict)):
             raise ConfigError(f"{path}: {item!r}; allowed: an env id or a mapping of {', '.join(TASK_KEYS)}")
-        unknown = [k for k in item if k not in TASK_KEYS]
-        if unknown:
-            raise ConfigError(f"{path}.{unknown[0]}: unknown setting; allowed: {', '.join(TASK_KEYS)}")
-        env, inner = item.get("env"), item.get("inner") or {}
-        if not isinstance(env, str) or not env:
-            raise ConfigError(f"{path}.env: {env!r}; allowed: an environment id")
-        if not isinstance(inner, dict):
-            raise ConfigError(f"{path}.inner: {inner!r}; allowed: a mapping of trainer settings")
-        name = item.get("name") or _default_name(env, inner)
-        specs.append(TaskSpec(str(name), env, dict(inner), path))
+        specs.append(_spec({"env": item} if isinstance(item, str) else item, path, f"{path}.env"))
     names = [s.name for s in specs]
     for i, spec in enumerate(specs):
         if spec.name in names[:i]:
@@ -151,10 +145,21 @@ def task_specs(cfg: RunConfig, field: str = "tasks") -> list[TaskSpec]:
     return specs
 
 
-def _default_name(env: str, inner: dict) -> str:
-    if not inner:
-        return env
-    return env + "[" + ",".join(f"{k}={v}" for k, v in sorted(inner.items())) + "]"
+def _spec(item: dict, path: str, env_field: str) -> TaskSpec:
+    unknown = [k for k in item if k not in TASK_KEYS]
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}: unknown setting; allowed: {', '.join(TASK_KEYS)}")
+    (env, args), inner = envs_lib.from_config(item.get("env"), env_field), item.get("inner") or {}
+    if not isinstance(inner, dict):
+        raise ConfigError(f"{path}.inner: {inner!r}; allowed: a mapping of trainer settings")
+    return TaskSpec(str(item.get("name") or default_name(env, args, inner)), env, dict(inner), path, args)
+
+
+def default_name(env: str, args: tuple | None, inner: dict) -> str:
+    """The environment's label (``envs.label``), with the task's own trainer settings in brackets:
+    ``CartPole-v1[num_envs=8]``."""
+    return envs_lib.label(env, args) + ("[" + ",".join(f"{k}={v}" for k, v in sorted(inner.items())) + "]"
+                                        if inner else "")
 
 
 # --- the task --------------------------------------------------------------------------------------

@@ -1,46 +1,122 @@
-"""One place to build environments by name: metarl's own JAX environments, then gymnax's.
+"""One place to build environments. An environment is named by a registered name (metarl's own,
+gymnax's, or one a module of yours registers with ``register``), ``module:NAME`` (imports ``module``,
+whose import registers ``NAME``), or the dotted path of a class or factory of your own, built with
+its arguments:
 
-``make(name)`` returns ``(env, env_params)`` with the gymnax 1.0 interface (six-value ``step``).
+    env: GridWorld                                      # a registered name (or a gymnax id)
+    env: {_target_: GridWorld, size: 5}                 # the same, with arguments
+    env: {_target_: my_envs.Corridor, length: 6}        # your class, my_envs.py importable
+
+``make(name, **kwargs)`` returns ``(env, env_params)`` with the gymnax 1.0 interface (six-value
+``step``; the trainers use ``reset_env``, ``step_env``, ``is_truncated``, ``observation_space``,
+``action_space``): a factory returns that pair, or an environment whose ``default_params`` are used.
 """
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import Any, Callable
 
 import jax
 
-# gymnax 1.0 imports `six` without declaring it; the project depends on it (see pyproject).
-import gymnax
+from metarl import plugins
+from metarl.config import ConfigError
 
-_REGISTRY: dict[str, Callable[..., tuple[Any, Any]]] = {}
+_REGISTRY: dict[str, str | Callable[..., Any]] = {}
+_BUILT: dict = {}
+INTERFACE = ("reset_env", "step_env", "is_truncated", "observation_space", "action_space")
 
 
-def register(name: str, factory: Callable[..., tuple[Any, Any]]) -> None:
-    """Register ``factory(**kwargs) -> (env, env_params)`` under ``name``."""
+def register(name: str, factory: str | Callable[..., Any]) -> None:
+    """Register ``factory`` (a callable, or the dotted path of one, imported on first use) under
+    ``name``; ``factory(**kwargs)`` returns ``(env, env_params)`` or an environment."""
     _REGISTRY[name] = factory
+    _BUILT.clear()
 
 
 def available() -> list[str]:
-    """Every environment name ``make`` accepts."""
-    return sorted(set(_REGISTRY) | set(gymnax.registered_envs))
+    """Every environment name ``make`` accepts (besides dotted paths)."""
+    return sorted(set(_REGISTRY) | set(_gymnax().registered_envs))
+
+
+def _gymnax():
+    # Imported on use: importing gymnax starts JAX's backend, which a run's processes must join first.
+    # gymnax 1.0 imports `six` without declaring it; the project depends on it (see pyproject).
+    import gymnax
+
+    return gymnax
+
+
+def from_config(value: Any, field: str) -> tuple[str, tuple | None]:
+    """``(name, args)`` of an environment as a config writes it: a name (``args`` None), or
+    ``{_target_: name or dotted path, **arguments}`` (``args``: sorted pairs, lists as tuples, so a
+    trainer's static ``env_kwargs`` can hold them)."""
+    args = None
+    if isinstance(value, dict):
+        args = tuple(sorted((k, _frozen(v)) for k, v in value.items() if k != plugins.TARGET))
+        value, field = value.get(plugins.TARGET), f"{field}.{plugins.TARGET}"
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{field}: {value!r}; allowed: an environment name (gymnax id, GridWorld, Doors, "
+                          "module:NAME) or {_target_: NAME or dotted.path.Class, ...its arguments}")
+    return value, args
+
+
+def _frozen(value):
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def label(name: str, args: tuple | None) -> str:
+    """``CartPole-v1``; ``Corridor(length=6)`` for a target's last name and its arguments."""
+    if args is None:
+        return name
+    return name.rsplit(".", 1)[-1] + ("(" + ",".join(f"{k}={v}" for k, v in args) + ")" if args else "")
 
 
 def make(name: str, **kwargs) -> tuple[Any, Any]:
-    if name in _REGISTRY:
-        return _REGISTRY[name](**kwargs)
-    if name in gymnax.registered_envs:
-        return gymnax.make(name, **kwargs)
-    raise ValueError(f"env: unknown environment {name!r}; allowed: {', '.join(available())}")
+    return build(name, kwargs)
 
 
-def check_name(name: str, field: str = "env") -> None:
-    """Raise a one-line ValueError naming ``field`` if ``name`` is not a known environment."""
-    if name not in _REGISTRY and name not in gymnax.registered_envs:
-        raise ValueError(f"{field}: unknown environment {name!r}; allowed: {', '.join(available())}")
-
-
-def _action_space(name: str, kwargs: dict):
-    env, params = make(name, **kwargs)
-    return env, env.action_space(params)
+def build(name: str, kwargs: Any = (), field: str = "env") -> tuple[Any, Any]:
+    """``(env, env_params)`` of environment ``name`` with arguments ``kwargs`` (a mapping or pairs),
+    built once per process; a one-line ConfigError names ``field`` (where ``name`` was set) or, for
+    an argument, ``env.ARG`` (``tasks[1].env.ARG``)."""
+    kwargs = dict(kwargs)
+    try:
+        key = (name, tuple(sorted(kwargs.items())))
+        if key in _BUILT:
+            return _BUILT[key]
+    except TypeError:  # an unhashable argument: built every time
+        key = None
+    full = name
+    if ":" in name and name not in _REGISTRY:
+        module, name = name.split(":", 1)
+        try:  # its import registers `name`
+            importlib.import_module(module)
+        except Exception as err:
+            raise ConfigError(f"{field}: {full!r} cannot be imported ({type(err).__name__}: {err}); allowed: "
+                              "module:NAME, the module importable (on the module path) and registering NAME") from None
+    target = _REGISTRY.get(name) or (name if "." in name else None)
+    if target is None and name in _gymnax().registered_envs:
+        target = functools.partial(_gymnax().make, name)
+    if target is None:
+        raise ConfigError(f"{field}: unknown environment {full!r}; allowed: {', '.join(available())}, "
+                          "or the dotted path of a gymnax environment class of your own")
+    if isinstance(target, str):
+        built = plugins.instantiate(target, kwargs, field, f"{field.removesuffix('._target_')}.")
+    else:
+        try:
+            built = target(**kwargs)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{field}: {full} failed to build ({type(err).__name__}: {err})") from None
+    env, params = built if isinstance(built, tuple) else (built, getattr(built, "default_params", None))
+    missing = [m for m in INTERFACE if not callable(getattr(env, m, None))] + ["default_params"] * (params is None)
+    if missing:
+        raise ConfigError(f"{field}: {name} builds a {type(env).__name__} without {', '.join(missing)}; allowed: "
+                          "a gymnax Environment (reset_env, step_env, is_truncated, observation_space, "
+                          "action_space, default_params)")
+    if key is not None:
+        _BUILT[key] = env, params
+    return env, params
 
 
 def check_discrete_actions(name: str, kwargs: dict, trainer: str) -> None:
@@ -48,7 +124,8 @@ def check_discrete_actions(name: str, kwargs: dict, trainer: str) -> None:
     a trainer that scores every action (DQN, Q-learning) needs."""
     from gymnax.environments import spaces
 
-    _, space = _action_space(name, kwargs)
+    env, params = build(name, kwargs)
+    space = env.action_space(params)
     if not isinstance(space, spaces.Discrete):
         raise ValueError(f"env: {name!r} has continuous actions ({type(space).__name__}) but {trainer} needs "
                          "a finite set; allowed: an environment with discrete actions, such as "
@@ -59,7 +136,7 @@ def check_tabular(name: str, kwargs: dict, trainer: str) -> None:
     """Raise a one-line ValueError (field ``env``) unless ``name`` enumerates its states, as a table
     of values needs."""
     check_discrete_actions(name, kwargs, trainer)
-    env, _ = _action_space(name, kwargs)
+    env, _ = build(name, kwargs)
     if not hasattr(env, "num_states") or not hasattr(env, "state_from_index"):
         raise ValueError(f"env: {name!r} has no tabular interface (numbered states) but {trainer} keeps a "
                          "table of them; allowed: GridWorld, Doors")
@@ -86,11 +163,12 @@ def step_auto_reset(env: Any) -> Callable:
     return step
 
 
-def random_policy_return(name: str, key: jax.Array, num_envs: int = 16, num_steps: int = 1000) -> jax.Array:
+def random_policy_return(name: str, key: jax.Array, env_kwargs: Any = (), num_envs: int = 16,
+                         num_steps: int = 1000) -> jax.Array:
     """Mean return of the episodes a uniformly random policy finishes in ``num_envs`` x ``num_steps``
-    steps of environment ``name`` (the partial returns if none finishes): the floor a learned score
-    is measured from. Jittable; every random number comes from ``key``."""
-    env, params = make(name)
+    steps of environment ``name`` with ``env_kwargs`` (the partial returns if none finishes): the floor
+    a learned score is measured from. Jittable; every random number comes from ``key``."""
+    env, params = build(name, env_kwargs)
     space = env.action_space(params)
     k_reset, k_run = jax.random.split(key)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, num_envs), params)
@@ -113,9 +191,8 @@ def random_policy_return(name: str, key: jax.Array, num_envs: int = 16, num_step
     return jax.numpy.where(count > 0, total / jax.numpy.maximum(count, 1), jax.numpy.mean(partial))
 
 
-def _register_builtin() -> None:
-    # Imported here, after `register` exists, because each module registers itself on import.
-    from metarl.inner_loops.envs import doors, gridworld  # noqa: F401
-
-
-_register_builtin()
+# metarl's own environments, registered as a module of yours registers its own.
+register("GridWorld", "metarl.inner_loops.envs.gridworld.make_gridworld")
+register("Doors", "metarl.inner_loops.envs.doors.make_doors")
+register("Brax", "metarl.inner_loops.envs.brax_envs.Brax")               # extra: metarl[brax]
+register("XMiniGrid", "metarl.inner_loops.envs.xminigrid_envs.XMiniGrid")  # extra: metarl[xminigrid]

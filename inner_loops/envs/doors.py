@@ -25,7 +25,6 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from metarl.inner_loops.envs import register
 
 # Channels of the one-hot observation.
 EMPTY, AGENT, WALL, GOAL = 0, 1, 2, 3
@@ -156,5 +155,3 @@ def make_doors(max_steps_in_episode: int = 200, **layout: Any) -> tuple[Doors, E
         raise ValueError(f"max_steps_in_episode: {max_steps_in_episode} must be positive; allowed: >= 1")
     return Doors(**layout), EnvParams(max_steps_in_episode=max_steps_in_episode)
 
-
-register("Doors", make_doors)

@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from metarl.inner_loops.envs import register
 
 # Row and column offsets of the actions right, down, left, up.
 _ROW_DELTA = (0, 1, 0, -1)
@@ -145,5 +144,3 @@ def make_gridworld(size: int | None = None, **param_overrides: Any) -> tuple[Gri
         raise ValueError(f"rows/cols: grid {params.rows} x {params.cols} too small; allowed: at least 2 cells")
     return GridWorld(), params
 
-
-register("GridWorld", make_gridworld)
