@@ -121,7 +121,7 @@ def formula_spec(problem: Problem, expression: str) -> dict:
 
 
 def formula_component(spec: dict):
-    from metarl import plugins
+    from metarl.outer_loops import plugins
 
     args = {k: v for k, v in spec.items() if k not in ("kind", plugins.TARGET)}
     return plugins.locate(spec[plugins.TARGET], "component._target_")(**args)

@@ -470,7 +470,7 @@ def help_text(cli: CommandLine) -> str:
 
 def _trainer_fields(inner: dict):
     """``(class name, {field: default})`` of the trainer's config class, or None if it cannot be found."""
-    from metarl import plugins
+    from metarl.outer_loops import plugins
     from metarl.tasks import TRAINERS
 
     target = inner.get(plugins.TARGET) or TRAINERS.get(inner.get("algo", "ppo"))

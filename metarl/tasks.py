@@ -9,7 +9,7 @@ Three kinds of meta-learned part (``component.kind``):
 
 ``component._target_`` names the component class (a class of your own with ``init(key)`` and
 ``apply(meta_params, ...)``; the other keys are its constructor arguments) and ``inner._target_`` the
-trainer's config class, whose module provides ``make_train`` (see ``metarl.plugins``).
+trainer's config class, whose module provides ``make_train`` (see ``metarl.outer_loops.plugins``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metarl import plugins
+from metarl.outer_loops import plugins
 from metarl.config import INT32_MAX, ConfigError, RunConfig
 
 # The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
