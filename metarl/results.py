@@ -15,6 +15,7 @@ from flax import serialization
 from metarl import checkpoints
 from metarl.config import RunConfig, from_dict, read_saved
 from metarl.logger import read_metrics
+from metarl.tasks import build_task
 
 
 def load_config(run_dir: str | Path) -> RunConfig:
@@ -26,8 +27,6 @@ def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = No
     """``(config, task)`` of a run directory, from its saved config: how ``metarl.inspect``,
     ``metarl.evaluate`` and ``load_best`` read a run. ``tasks(config)`` gives other task specs to build
     in place of the run's own (e.g. its held-out ``eval_tasks``)."""
-    from metarl.tasks import build_task
-
     cfg = load_config(run_dir)
     return cfg, build_task(cfg, None if tasks is None else tasks(cfg))
 

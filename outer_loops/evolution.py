@@ -303,3 +303,25 @@ class Evolution:
     def mean(self, state: EvoState):
         """The search distribution's mean as a pytree shaped like the template."""
         return self.es.get_mean(state.es_state)
+
+
+# The search is called noise-dominated when the signal fraction stays below NOISE_THRESHOLD in each of
+# its first NOISE_GENERATIONS generations (docs/signal.md).
+NOISE_THRESHOLD, NOISE_GENERATIONS = 0.2, 3
+
+
+def noise_warning(history: list[dict], generations: int = NOISE_GENERATIONS) -> Optional[str]:
+    """The warning, once: when the last record of ``history`` completes generation ``generations`` and
+    the signal fraction was below ``NOISE_THRESHOLD`` in every generation so far (None where not
+    measured). Otherwise None."""
+    if not history or history[-1]["generation"] != generations:
+        return None
+    signals = [r.get("signal") for r in history if r["generation"] <= generations]
+    if not signals or any(s is None or not s < NOISE_THRESHOLD for s in signals):
+        return None
+    shown = ", ".join(f"{s:.2f}" for s in signals)
+    return (f"warning: the search is noise-dominated: the signal fraction stayed below {NOISE_THRESHOLD} in the "
+            f"first {generations} generation(s) ({shown}), so the members' fitness differences are mostly seed "
+            "noise and the best member is mostly luck. Levers: more fitness.num_seeds (divides the seed noise), "
+            "a larger es.std_init (members further apart differ more), a larger es.popsize (more members per "
+            "update); docs/signal.md")
