@@ -14,7 +14,6 @@ from jax.flatten_util import ravel_pytree
 from metarl import checkpoints, plots, results
 from metarl.inner_loops.components import CLIPPED_SURROGATE, TEMPORAL_INPUTS, Progress, apply_component
 from metarl.outer_loops.evolution import NOISE_THRESHOLD, search_std
-from metarl.tasks import build_evolution
 
 FIGURES = "figures"
 
@@ -125,7 +124,7 @@ def _progress_at(task):
     return progress_of
 
 
-def search_trajectory(run_dir: Path, cfg, task):
+def search_trajectory(run_dir: Path, cfg, task, build_evolution):
     """Decoded search mean and mean -+ std per kept checkpoint, generation 0 from the config's start.
 
     Returns (generations, means, lows, highs); lows/highs are None when the strategy keeps no
@@ -163,14 +162,14 @@ def search_trajectory(run_dir: Path, cfg, task):
     return gens, stack(means), (stack(lows) if with_std else None), (stack(highs) if with_std else None)
 
 
-def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path) -> list[Path]:
+def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, build_evolution) -> list[Path]:
     comp = task.component
     bounds = {n: (comp.low[i], comp.high[i]) for i, n in enumerate(comp.names)}
     log = {n: comp.log[i] for i, n in enumerate(comp.names)}
     best_values = {k: float(v) for k, v in comp.decode(best).items()} if best is not None else None
     best_gen = info.get("generation") if info else None
     try:
-        gens, means, lows, highs = search_trajectory(run_dir, cfg, task)
+        gens, means, lows, highs = search_trajectory(run_dir, cfg, task, build_evolution)
         note = "search mean and mean -+ std (per generation; per kept checkpoint for older runs); star: exported best"
     except (checkpoints.CheckpointError, ValueError, KeyError, TypeError) as err:
         if best_values is None:
@@ -185,17 +184,18 @@ def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path) -> list[P
     return [plots.save(fig, out / "hyperparams.png")]
 
 
-def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple | None = None) -> list[Path]:
+def write_figures(run_dir: str | Path, build_evolution, error_range: float = 5.0, loaded: tuple | None = None) -> list[Path]:
     """Write every figure that applies to ``run_dir`` into ``run_dir/figures``; returns their paths.
     ``loaded``: the run's ``(config, task)`` when the caller has them (``results.load_run``, whose
-    ``CheckpointError`` or ``ConfigError`` otherwise comes through)."""
+    ``CheckpointError`` or ``ConfigError`` otherwise comes through). ``build_evolution``:
+    ``metarl.runner.build_evolution``, which replays the checkpoints of a run that logged no search."""
     run_dir = Path(run_dir)
     cfg, task = loaded or results.load_run(run_dir)
     out = run_dir / FIGURES
     paths = fitness_plot(run_dir, cfg, out)
     meta, info = _best_or_none(run_dir, task)
     if task.kind == "hyperparams":
-        paths += hyperparams_plots(run_dir, cfg, task, meta, info, out)
+        paths += hyperparams_plots(run_dir, cfg, task, meta, info, out, build_evolution)
     elif meta is None:
         print(f"note: {run_dir} has exported no best meta-parameters yet; no component plot", file=sys.stderr)
     elif task.kind == "value_loss":

@@ -22,6 +22,7 @@ from pathlib import Path
 from metarl.checkpoints import CheckpointError
 from metarl.config import ConfigError
 from metarl.figures import FIGURES, write_figures
+from metarl.runner import build_evolution
 
 EXIT_BAD_INPUT = 2
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     if not options["error_range"] > 0:
         fail(f"error_range: {options['error_range']}; allowed: > 0")
     try:
-        paths = write_figures(run_dir, options["error_range"])
+        paths = write_figures(run_dir, build_evolution, options["error_range"])
     except (CheckpointError, ConfigError) as err:
         fail(str(err))
     for path in paths:

@@ -11,19 +11,34 @@ import jax
 import numpy as np
 
 from metarl import checkpoints, devices, figures, scores
-from metarl.launch import STOP_SIGNALS, ignored
 from metarl.config import RunConfig
+from metarl.launch import STOP_SIGNALS, ignored
 from metarl.logger import Logger, truncate_metrics
-from metarl.tasks import Task, build_evolution
+from metarl.tasks import Task, build_task
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, NOISE_THRESHOLD, SIGNAL_FIELDS, Evolution, noise_warning  # noqa: F401 (part of this module's API)
 
 
 class Interrupted(Exception):
     """Raised after a clean save when SIGINT, SIGTERM or SIGHUP arrived."""
-
     def __init__(self, signum: int, generation: int):
         self.signum, self.generation = signum, generation
         super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
+
+
+def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto",
+                    reference: Optional[dict] = None):
+    """The task and the evolution driver; ``reference`` holds the per-task baseline and random returns
+    that ``fitness.normalize=baseline`` scores against (see ``metarl.scores``; None: raw returns)."""
+    task = task or build_task(cfg)
+    if mesh == "auto":
+        mesh = devices.population_mesh(cfg.es.popsize)
+    evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
+                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
+                    describe_search=task.describe_search,
+                    aggregate=scores.make_aggregate(reference, cfg.fitness.aggregate),
+                    control_fn=task.control_fn if cfg.fitness.control != "none" else None,
+                    paired=cfg.fitness.control == "paired")
+    return task, evo
 
 
 def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger=None) -> Optional[dict]:
@@ -52,7 +67,6 @@ def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger
 class _StopFlag:
     """Turn the stop signals (``launch.STOP_SIGNALS``: SIGINT, SIGTERM, SIGHUP) into a flag read between
     generations (a generation is one XLA call)."""
-
     def __init__(self):
         self.received: Optional[int] = None  # the first stop signal this process got
         self._old = {}
@@ -80,7 +94,6 @@ class _StopFlag:
 @dataclasses.dataclass
 class Prepared:
     """A run ready to go: its task, evolution, and the state to start from (restored if any)."""
-
     task: Task
     evo: Evolution
     state: Any
@@ -197,7 +210,7 @@ def _figures(run_dir: Path, logger: Logger, loaded: tuple) -> list[Path]:
     """The figures of ``python -m metarl.inspect``, written to ``run_dir/figures``; none if that fails,
     since the run itself has succeeded. ``loaded``: the run's ``(config, task)``, not built again."""
     try:
-        return figures.write_figures(run_dir, loaded=loaded)
+        return figures.write_figures(run_dir, build_evolution, loaded=loaded)
     except Exception as err:
         logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
         return []

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Optional
 
 from metarl import config as config_lib
-from metarl.evolve import CommandLine, fail, missing_experiment, refuse_chdir, unique_dir
+from metarl import devices, runlock
+from metarl.cli import EXIT_BAD_INPUT, fail, missing_experiment, refuse_chdir
+from metarl.job import check_existing, check_run, execute
 from metarl.launch import STOP_SIGNALS
 from metarl.logger import PARENT_RUN_ENV, MlflowRun
 
@@ -105,20 +107,18 @@ class SweepJob:
         return math.nan if best is None else best
 
     def run(self, composed, run_dir: Path, given: list[str], overrides: list[str]) -> int:
-        from metarl import evolve
-
         try:
             cfg = config_lib.from_composed(composed, self.experiments_dir)
             cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
             cached = _CHECKED.get(tuple(given))
             task = cached[1] if cached is not None and cached[0] == cfg else None
             config_lib.check_run_dir(str(run_dir))
-            resuming = evolve.check_existing(cfg, run_dir)
-            return evolve.execute(cfg, run_dir, resuming, named=True, task=task,
-                                  child_args=job_args(self.experiment, self.experiments_dir, overrides, run_dir))
+            resuming = check_existing(cfg, run_dir)
+            return execute(cfg, run_dir, resuming, named=True, task=task,
+                           child_args=job_args(self.experiment, self.experiments_dir, overrides, run_dir))
         except config_lib.ConfigError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
-            return evolve.EXIT_BAD_INPUT
+            return EXIT_BAD_INPUT
         except SystemExit as stop:  # bad input (one line already printed), as a run on its own would exit
             return stop.code if isinstance(stop.code, int) else 1
         except Exception:  # a failure of this job only: the sweep goes on to the next
@@ -186,8 +186,6 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    from metarl import devices, evolve
-
     devices.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
     in_process = master.hydra.launcher.get("_target_") == BASIC_LAUNCHER
     shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
@@ -209,7 +207,7 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
             cfg = dataclasses.replace(config_lib.from_composed(job_cfg, experiments_dir), run_dir=str(run_dir))
             if known:
                 config_lib.check_run_dir(str(run_dir))
-                evolve.check_existing(cfg, run_dir)
+                check_existing(cfg, run_dir)
             if in_process:
                 number, coordinator, process_id = devices.distributed_settings(cfg.devices, cfg.es.popsize)
                 if number > 1 and (coordinator is not None or process_id is not None):
@@ -217,7 +215,7 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
                          "process joins one only; allowed: devices.num_processes=auto|N on one machine (each "
                          "job starts its own processes), or a launcher that runs each job in processes of its "
                          "own (hydra/launcher=submitit_slurm)")
-            checked = evolve.check_run(cfg, setup_devices=False)
+            checked = check_run(cfg, setup_devices=False)
             if known:
                 _CHECKED[tuple(job)] = (cfg, checked.task)
             checked_cfgs.append(cfg)
@@ -261,8 +259,9 @@ def log_mlflow_summary(parent: MlflowRun, sweep_dir: Path, rows: list[dict], sto
     parent.finish("KILLED" if stopped else "FAILED" if failed else "FINISHED")
 
 
-def run(cli: CommandLine) -> int:
-    """The sweep of ``cli`` (given with ``-m``): checks, then Hydra's sweeper, then the summary."""
+def run(cli) -> int:
+    """The sweep of ``cli`` (``metarl.evolve.CommandLine``, given with ``-m``): checks, then Hydra's sweeper,
+    then the summary."""
     special, overrides = cli.special, list(cli.overrides)
     if "resume" in special:
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
@@ -290,7 +289,7 @@ def run(cli: CommandLine) -> int:
         refuse_chdir(master)
         sweep_dir = Path(str(master.hydra.sweep.dir))
         if not named:  # the default name, made unique (two sweeps started in the same second)
-            sweep_dir = unique_dir(sweep_dir)
+            sweep_dir = runlock.unique_dir(sweep_dir)
         # Given explicitly, so that every later composition (Hydra's own, a job's) names the same one.
         overrides = [o for o in overrides if config_lib.override_key(o) != "hydra.sweep.dir"]
         overrides.append(f"hydra.sweep.dir={sweep_dir}")

@@ -22,9 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metarl import devices, scores
 from metarl.outer_loops import plugins
-from metarl.outer_loops.evolution import Evolution
 from metarl.config import INT32_MAX, ConfigError, RunConfig
 
 # The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
@@ -463,19 +461,3 @@ def _frames(inner) -> int:
         if hasattr(inner, attr):
             return int(getattr(inner, attr))
     return 0
-
-
-def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto",
-                    reference: Optional[dict] = None):
-    """The task and the evolution driver; ``reference`` holds the per-task baseline and random returns
-    that ``fitness.normalize=baseline`` scores against (see ``metarl.scores``; None: raw returns)."""
-    task = task or build_task(cfg)
-    if mesh == "auto":
-        mesh = devices.population_mesh(cfg.es.popsize)
-    evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
-                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
-                    describe_search=task.describe_search,
-                    aggregate=scores.make_aggregate(reference, cfg.fitness.aggregate),
-                    control_fn=task.control_fn if cfg.fitness.control != "none" else None,
-                    paired=cfg.fitness.control == "paired")
-    return task, evo
