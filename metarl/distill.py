@@ -167,13 +167,13 @@ def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
         cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
         rows.append(np.stack(cols, axis=1))
 
-    from metarl import devices
+    from metarl import compilation
 
     recorder = _Recording(task.component, sink)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind: recorder})
         args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind: meta})
-        jax.block_until_ready(devices.compile_program(jax.jit(train), *args)(*args))
+        jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
     table = np.concatenate(rows)
     if task.kind == "value_loss":

@@ -168,7 +168,7 @@ def _train_sides(task, meta, keys, formula=None):
     ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds)."""
     import jax
 
-    from metarl import devices
+    from metarl import compilation
     from metarl.inner_loops.envs import random_policy_return
 
     learned, baseline = side_labels(task)
@@ -184,7 +184,7 @@ def _train_sides(task, meta, keys, formula=None):
     # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
     t = time.perf_counter()
     lowered = {key: jax.jit(jax.vmap(fn)).lower(keys) for key, fn in programs.items()}
-    options = devices.compiler_options()
+    options = compilation.compiler_options()
     with ThreadPoolExecutor(min(4, len(lowered))) as pool:
         compiled = dict(zip(lowered, pool.map(lambda low: low.compile(options), lowered.values())))
     compile_s = time.perf_counter() - t
@@ -199,15 +199,15 @@ def _train_sides(task, meta, keys, formula=None):
 def _process_count(num_processes, num_seeds: int) -> int:
     """``auto``: ``METARL_NUM_PROCESSES`` if set, else one process per usable CPU core (at most one per
     seed), or one with an accelerator."""
-    from metarl import devices
+    from metarl import hardware
 
     if num_processes == "auto" and os.environ.get("METARL_NUM_PROCESSES", "").strip():
         num_processes = os.environ["METARL_NUM_PROCESSES"]
     if num_processes != "auto":
         return min(int(num_processes), num_seeds)
-    if devices.has_accelerator():
+    if hardware.has_accelerator():
         return 1
-    return min(devices.usable_cores(), num_seeds)
+    return min(hardware.usable_cores(), num_seeds)
 
 
 def _worker(job):
@@ -215,9 +215,9 @@ def _worker(job):
     run_dir, env, total_timesteps, tasks, distilled, num_seeds, start, stop, cores = job
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)  # before JAX starts XLA's thread pool in this fresh process
-    from metarl import devices
+    from metarl import compilation
 
-    devices.enable_compilation_cache()
+    compilation.enable_compilation_cache()
     cfg, task, _, meta, _, formula = _load(Path(run_dir), env, total_timesteps, tasks, distilled)
     _, keys = eval_keys(cfg.seed, num_seeds)
     return _train_sides(task, meta, keys[start:stop], formula)

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 
 from metarl import config as config_lib
-from metarl import devices, runlock
+from metarl import devices, hardware, runlock
 from metarl.checkpoints import CheckpointError
 from metarl.cli import fail
 from metarl.config import CONFIG_FILE, ConfigError
@@ -97,8 +97,8 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
         devices.check_divides(cfg.es.popsize, num_processes * jax.local_device_count())
     else:
         devices.population_mesh(cfg.es.popsize)
-    check_memory(cfg, task, devices.memory_per_device(),
-                 devices.members_per_memory(cfg.es.popsize, num_processes if local_launch else 1))
+    check_memory(cfg, task, hardware.memory_per_device(),
+                 hardware.members_per_memory(cfg.es.popsize, num_processes if local_launch else 1))
     return Checked(task, local_launch, num_processes)
 
 

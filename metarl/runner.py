@@ -10,7 +10,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from metarl import checkpoints, devices, figures, scores
+from metarl import checkpoints, compilation, devices, figures, scores
 from metarl.config import RunConfig
 from metarl.launch import STOP_SIGNALS, ignored
 from metarl.logger import Logger, truncate_metrics
@@ -155,7 +155,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
         logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
 
     t0 = time.perf_counter()
-    step = devices.compile_once(evo.step, state)  # one compilation per run, timed on its own
+    step = compilation.compile_once(evo.step, state)  # one compilation per run, timed on its own
     compile_s = time.perf_counter() - t0
     devices.barrier("compiled")  # processes compile at different speeds; the first collective waits 30 s
     logger.message(f"compiled the generation in {compile_s:.1f} s; {frames_per_gen:,} frames per generation "

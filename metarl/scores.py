@@ -19,6 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from metarl import compilation
+from metarl.inner_loops.envs import random_policy_return
+
 REFERENCE_FILE = "reference.json"
 # Streams of the run's seed for the reference measurements; evolution splits key(seed) itself, so
 # folding in a constant gives keys it never uses.
@@ -35,19 +38,16 @@ def normalization(cfg, num_tasks: int) -> str:
 
 def measure_reference(task, seed: int, num_seeds: int) -> dict:
     """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds."""
-    from metarl import devices
-    from metarl.inner_loops.envs import random_policy_return
-
     root = jax.random.key(seed)
     base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
     low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
     base, low = [], []
     for spec, train in zip(task.specs, task.baselines):
         baseline = jax.jit(jax.vmap(lambda k, train=train: train(k)[1]["episode_return"]))
-        curve = devices.compile_program(baseline, base_keys)(base_keys)
+        curve = compilation.compile_program(baseline, base_keys)(base_keys)
         base.append(float(jnp.mean(task.statistic(curve))))
         random_play = jax.jit(jax.vmap(lambda k, env=spec.env: random_policy_return(env, k)))
-        low.append(float(jnp.mean(devices.compile_program(random_play, low_keys)(low_keys))))
+        low.append(float(jnp.mean(compilation.compile_program(random_play, low_keys)(low_keys))))
     return {"tasks": task.names, "base": base, "low": low, "num_seeds": num_seeds, "seed": seed}
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Optional
 
 from metarl import config as config_lib
-from metarl import devices, runlock
+from metarl import compilation, devices, runlock
 from metarl.cli import EXIT_BAD_INPUT, fail, missing_experiment, refuse_chdir
 from metarl.job import check_existing, check_run, execute
 from metarl.launch import STOP_SIGNALS
@@ -186,7 +186,7 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException
 
-    devices.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
+    compilation.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
     in_process = master.hydra.launcher.get("_target_") == BASIC_LAUNCHER
     shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
     seen, checked_cfgs = {}, []

@@ -1,0 +1,48 @@
+"""The import structure of metarl: no cycle between its modules, the layers inner_loops < outer_loops <
+the harness (the contracts in pyproject.toml's [tool.importlinter], checked by import-linter), and JAX's
+and Hydra's private modules used in one place each."""
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def installed_layout(dest: Path) -> Path:
+    """The package as it installs (pyproject's package-dir: the top-level folders become subpackages
+    of ``metarl``), copied into ``dest``, where import-linter analyses it."""
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in sorted(package_dir.items()):
+        shutil.copytree(ROOT / folder, dest / package.replace(".", "/"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", dest)
+    return dest
+
+
+def test_no_import_cycles_and_the_layers_hold(tmp_path):
+    root = installed_layout(tmp_path)
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(lint) if lint.exists() else "lint-imports", "--no-cache"], cwd=root,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 kept, 0 broken" in proc.stdout
+
+
+def python_files():
+    return [p for folder in ("metarl", "inner_loops", "outer_loops") for p in (ROOT / folder).rglob("*.py")]
+
+
+def test_jax_private_modules_are_used_in_one_module():
+    users = sorted(p.relative_to(ROOT).as_posix() for p in python_files()
+                   if re.search(r"^\s*(from|import) jax\._src", p.read_text(), re.M))
+    assert users == ["metarl/jax_private.py"]
+
+
+@pytest.mark.xfail(reason="config.py's Hydra composition still goes through hydra._internal", strict=False)
+def test_config_uses_no_private_hydra_module():
+    assert "hydra._internal" not in (ROOT / "metarl" / "config.py").read_text()
