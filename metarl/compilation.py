@@ -12,6 +12,7 @@ import jaxlib
 from jax.experimental import serialize_executable
 
 from metarl import jax_private
+from metarl.checkpoints import atomic_write
 
 
 def enable_compilation_cache() -> None:
@@ -87,7 +88,11 @@ def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
                 jax.config.update("jax_enable_compilation_cache", was)
             payload = zlib.compress(serialize_executable.serialize(compiled)[0], 1)  # a fifth of the size
             if path is not None:
-                _write_atomically(path, payload)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(path, payload)
+                except OSError:  # a cache that cannot be written costs a compilation next time, nothing else
+                    pass
                 _evict_old_shared(path.parent)
         _send(client, key, digest + payload)
         return compiled
@@ -151,11 +156,3 @@ def _evict_old_shared(cache_dir, keep: int = SHARED_CACHE_KEEP) -> None:
         entry.unlink(missing_ok=True)
 
 
-def _write_atomically(path, data: bytes) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:  # a cache that cannot be written costs a compilation next time, nothing else
-        tmp.unlink(missing_ok=True)

@@ -392,15 +392,13 @@ def _version(package: str) -> str:
 def meta_params_at(run_dir: Path, cfg, task, generation):
     """``(meta_params, info)``: the exported best, or the best found up to a kept checkpoint's generation."""
     import jax
-    from flax import serialization
 
     from metarl import checkpoints
     from metarl.runner import build_evolution
 
     try:
         if generation == "best":
-            raw, info = checkpoints.read_best(run_dir)
-            return serialization.from_state_dict(task.template, raw), info
+            return checkpoints.read_best(run_dir, task.template)
         ckpt = checkpoints.Checkpointer(run_dir, write=False)
         try:
             steps = sorted(ckpt.manager.all_steps())

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from metarl.inspect import FIGURES, fail, parse_args
+from metarl.tasks import final_window_mean
 
 EVAL_ROOT = 10_000
 FINAL_WINDOW = 0.1
@@ -50,11 +50,6 @@ def eval_keys(run_seed: int, num_seeds: int):
     root = EVAL_ROOT if run_seed != EVAL_ROOT else EVAL_ROOT + 1
     base = jax.random.key(root)
     return root, jax.vmap(lambda i: jax.random.fold_in(base, i))(np.arange(num_seeds, dtype=np.uint32))
-
-
-def final_return(curves: np.ndarray, window: float = FINAL_WINDOW) -> np.ndarray:
-    n = max(1, math.ceil(window * curves.shape[-1]))
-    return curves[..., -n:].mean(axis=-1)
 
 
 def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
@@ -120,8 +115,6 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
     Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task; else the run's own
     tasks followed by its held-out ``eval_tasks``."""
-    from flax import serialization
-
     from metarl import checkpoints, results
     from metarl.config import ConfigError
     from metarl.tasks import TaskSpec, task_specs
@@ -141,8 +134,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
     try:
         cfg, task = results.load_run(run_dir, evaluated)
-        raw, info = checkpoints.read_best(run_dir)
-        meta = serialization.from_state_dict(task.template, raw)
+        meta, info = checkpoints.read_best(run_dir, task.template)
         trained_keys = {_spec_key(s) for s in task_specs(cfg)}
         formula = None
         if distilled is not None:
@@ -288,7 +280,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     rows, normalized = [], {True: {label: [] for label in labels}, False: {label: [] for label in labels}}
     for spec, inner, trained in zip(task.specs, task.inner_configs, on_train):
         c = curves[spec.name]
-        finals = {label: final_return(c[label]) for label in labels}
+        finals = {label: final_window_mean(c[label], FINAL_WINDOW) for label in labels}
         base_mean = float(np.nanmean(finals[baseline_lbl]))
         random_mean = float(np.mean(c["random"]))
         norm = {label: normalized_scores(f, base_mean, random_mean) for label, f in finals.items()}

@@ -8,7 +8,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import serialization
 from jax.flatten_util import ravel_pytree
 
 from metarl import checkpoints, plots, results
@@ -37,10 +36,9 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
 
 def _best_or_none(run_dir: Path, task):
     try:
-        raw, info = checkpoints.read_best(run_dir)
+        return checkpoints.read_best(run_dir, task.template)
     except checkpoints.CheckpointError:
         return None, None
-    return serialization.from_state_dict(task.template, raw), info
 
 
 def value_loss_plots(task, meta, info, out: Path, error_range: float) -> list[Path]:

@@ -10,8 +10,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-from flax import serialization
-
 from metarl import checkpoints
 from metarl.config import RunConfig, from_dict, read_saved
 from metarl.logger import read_metrics
@@ -59,8 +57,7 @@ class Best:
 
 def load_best(run_dir: str | Path) -> Best:
     _, task = load_run(run_dir)
-    raw, info = checkpoints.read_best(run_dir)
-    meta = serialization.from_state_dict(task.template, raw)
+    meta, info = checkpoints.read_best(run_dir, task.template)
     values = None
     if task.kind == "hyperparams":
         values = {k: float(v) for k, v in task.component.decode(meta).items()}

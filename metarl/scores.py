@@ -11,7 +11,6 @@ start of a run, on seeds of their own drawn from the run's seed, and stored in t
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metarl import compilation
+from metarl.checkpoints import atomic_write
 from metarl.inner_loops.envs import random_policy_return
 
 REFERENCE_FILE = "reference.json"
@@ -53,9 +53,7 @@ def measure_reference(task, seed: int, num_seeds: int) -> dict:
 
 def save_reference(run_dir: Path, reference: dict) -> None:
     path = Path(run_dir) / REFERENCE_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(reference, indent=2))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(reference, indent=2))
 
 
 def load_reference(run_dir: Path, names: list[str]) -> Optional[dict]:

@@ -26,6 +26,7 @@ sweeper plug-in such as Optuna's, set to maximise) can search over a run's setti
 from __future__ import annotations
 
 import csv
+import io
 import dataclasses
 import json
 import math
@@ -37,10 +38,11 @@ from typing import Optional
 
 from metarl import config as config_lib
 from metarl import compilation, devices, runlock
+from metarl.checkpoints import atomic_write
 from metarl.cli import EXIT_BAD_INPUT, fail, missing_experiment, refuse_chdir
 from metarl.job import check_existing, check_run, execute
 from metarl.launch import STOP_SIGNALS
-from metarl.logger import PARENT_RUN_ENV, MlflowRun
+from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -128,14 +130,10 @@ class SweepJob:
 
 def _write_json(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 def _results(run_dir: Path) -> dict:
-    from metarl.logger import read_metrics
-
     history = read_metrics(run_dir)
     last = history[-1] if history else {}
     return {"generations": len(history), "best": last.get("best_so_far"), "last_mean": last.get("mean")}
@@ -150,12 +148,11 @@ def write_summary(sweep_dir: Path) -> list[dict]:
         rows.append({**job, **_results(Path(job["run_dir"]))})
     rows = [{k: row.get(k) for k in COLUMNS} for row in rows]
     _write_json(sweep_dir / SUMMARY_JSON, rows)
-    tmp = sweep_dir / (SUMMARY_CSV + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, sweep_dir / SUMMARY_CSV)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(sweep_dir / SUMMARY_CSV, table.getvalue())
     return rows
 
 

@@ -276,15 +276,15 @@ class Task:
         return self.trainers[i](meta)
 
 
+def final_window_mean(curve, window: float):
+    """The mean of the last ``window`` fraction (at least one point) of ``curve``'s last axis, a NumPy or
+    JAX array: a training's final return."""
+    n = max(1, math.ceil(window * curve.shape[-1]))
+    return curve[..., -n:].mean(axis=-1)
+
+
 def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
-    def final(curve):
-        n = max(1, math.ceil(window * curve.shape[-1]))
-        return jnp.mean(curve[..., -n:], axis=-1)
-
-    def auc(curve):
-        return jnp.mean(curve, axis=-1)
-
-    return {"final": final, "auc": auc}[name]
+    return {"final": lambda curve: final_window_mean(curve, window), "auc": lambda curve: curve.mean(axis=-1)}[name]
 
 
 def _component_from_config(kind: str, spec: dict, trainer_fields: list[str]):
