@@ -37,7 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from metarl.inspect import FIGURES, fail, parse_args
+from metarl.cli import FIGURES, fail
+from metarl.inspect import parse_args
 
 DISTILL_JSON = "distill.json"
 FIGURE = "distill.png"

@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from metarl.inspect import FIGURES, fail, parse_args
-from metarl.tasks import final_window_mean
+from metarl.cli import FIGURES, fail
+from metarl.inspect import parse_args
 
 EVAL_ROOT = 10_000
 FINAL_WINDOW = 0.1
@@ -264,6 +264,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_processes: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None) -> dict:
     from metarl import plots
+    from metarl.tasks import final_window_mean
 
     run_dir = Path(run_dir)
     cfg, task, on_train, meta, info, formula = _load(run_dir, env, total_timesteps, tasks, distilled)

@@ -30,13 +30,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from metarl import config as config_lib
-from metarl import sweep
-from metarl.cli import fail, missing_experiment, refuse_chdir
+from metarl.cli import _read_saved, _refuse_search_change, check_existing, fail, missing_experiment, refuse_chdir
 from metarl.config import CONFIG_FILE
 from metarl.launch import die_with_launcher
 from metarl.outer_loops import plugins
-from metarl.tasks import TRAINERS
-from metarl.job import _read_saved, _refuse_search_change, check_existing, check_run, execute  # noqa: F401 (check_run: part of this module's API)
 from metarl.runlock import unique_dir
 
 SPECIAL_KEYS = ("experiment", "resume", "experiments_dir")
@@ -169,6 +166,8 @@ def run_one(cli: CommandLine) -> int:
     cfg, run_dir, resuming, named = resolve(cli)
     # The processes of a local launch compose the same config, in the same run directory.
     child_args = cli.args if "resume" in cli.special else [*cli.args, f"run_dir={run_dir}"]
+    from metarl.job import execute  # loads JAX: bad input above is answered without it
+
     return execute(cfg, run_dir, resuming, named, child_args)
 
 
@@ -262,6 +261,8 @@ def help_text(cli: CommandLine) -> str:
 
 def _trainer_fields(inner: dict):
     """``(class name, {field: default})`` of the trainer's config class, or None if it cannot be found."""
+    from metarl.tasks import TRAINERS  # loads JAX: only --help needs it
+
     target = inner.get(plugins.TARGET) or TRAINERS.get(inner.get("algo", "ppo"))
     try:
         cls = plugins.locate(target, "inner._target_")
@@ -294,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     if cli.cfg:
         return show_config(cli)
     if cli.multirun:
+        from metarl import sweep  # loads JAX: bad input above is answered without it
+
         return sweep.run(cli)
     return run_one(cli)
 

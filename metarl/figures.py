@@ -11,10 +11,9 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from metarl import checkpoints, plots, results
+from metarl.cli import FIGURES
 from metarl.inner_loops.components import CLIPPED_SURROGATE, TEMPORAL_INPUTS, Progress, apply_component
 from metarl.outer_loops.evolution import NOISE_THRESHOLD, search_std
-
-FIGURES = "figures"
 
 
 def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:

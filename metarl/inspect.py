@@ -19,17 +19,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from metarl.checkpoints import CheckpointError
+from metarl.cli import EXIT_BAD_INPUT, FIGURES, fail  # noqa: F401 (FIGURES: part of this module's API)
 from metarl.config import ConfigError
-from metarl.figures import FIGURES, write_figures
-from metarl.runner import build_evolution
-
-EXIT_BAD_INPUT = 2
-
-
-def fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
 
 
 def parse_args(argv: list[str], allowed: dict, usage: str | None = None) -> tuple[Path, dict]:
@@ -60,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     run_dir, options = parse_args(argv, {"error_range": (float, 5.0)}, __doc__)
     if not options["error_range"] > 0:
         fail(f"error_range: {options['error_range']}; allowed: > 0")
+    # Loads JAX and matplotlib: --help and bad arguments are answered without them.
+    from metarl.checkpoints import CheckpointError
+    from metarl.figures import write_figures
+    from metarl.runner import build_evolution
+
     try:
         paths = write_figures(run_dir, build_evolution, options["error_range"])
     except (CheckpointError, ConfigError) as err:

@@ -13,6 +13,7 @@ parameters (flattened keys such as ``es.popsize``).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -214,8 +215,6 @@ class Logger:
 
 def _wandb_id(run_dir: Path) -> str:
     # Stable per run directory, so a resumed run continues the same wandb run.
-    import hashlib
-
     return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 from flax import struct
 
 from metarl.outer_loops.es_config import OPTIMIZERS, ESConfig, make_strategy, strategy_tables  # noqa: F401 (part of this module's API)
@@ -197,7 +198,6 @@ class Evolution:
     def evaluate(self, population, seed_keys):
         if self.mesh is None or self.mesh.size == 1:
             return self._evaluate_members(population, seed_keys)
-        from jax.sharding import PartitionSpec as P
         sharded = jax.shard_map(self._evaluate_members, mesh=self.mesh, in_specs=(P("pop"), P()),
                                 out_specs=P("pop"), check_vma=False)
         return sharded(population, seed_keys)
