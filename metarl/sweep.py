@@ -36,6 +36,13 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
 from metarl import config as config_lib
 from metarl import compilation, devices, runlock
 from metarl.checkpoints import atomic_write
@@ -91,8 +98,6 @@ class SweepJob:
     experiments_dir: Optional[str]
 
     def __call__(self, composed) -> float:
-        from hydra.core.hydra_config import HydraConfig
-
         hydra_cfg = HydraConfig.get()
         num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
         given = [str(o) for o in hydra_cfg.overrides.task]
@@ -160,10 +165,6 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
     """``(jobs, known)``: every job's overrides as the basic sweeper will make them (``known``); for
     another sweeper, whose jobs are known only as it runs, the one set of settings all its jobs share
     (the overrides that sweep nothing)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
     task = OmegaConf.to_container(master.hydra.overrides.task, resolve=False)
     if master.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
         parsed = OverridesParser.create().parse_overrides(task)
@@ -178,11 +179,6 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
     (new, or an earlier run of the same config), its task, devices and memory. Exits with one line on
     the first bad one, naming the job. Not ``known``: the settings the jobs share, without a run
     directory (each job checks the rest when it starts). Returns the checked configs."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import HydraException
-    from omegaconf import open_dict
-    from omegaconf.errors import OmegaConfBaseException
-
     compilation.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
     in_process = master.hydra.launcher.get("_target_") == BASIC_LAUNCHER
     shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
