@@ -19,7 +19,7 @@ Usage (run under ``timeout``: jax 0.10 can deadlock on 2 CPU cores, see docs/per
         [--total-timesteps 500000] [--impl metarl reference] [--compile default|metarl]
 
 ``--compile metarl`` compiles both implementations with the options metarl's own runs use on a CPU
-(``metarl.devices.compiler_options()``), to see what they do to compile and run time; the
+(``metarl.compilation.compiler_options()``), to see what they do to compile and run time; the
 comparison of the two implementations stays like for like either way.
 """
 from __future__ import annotations
@@ -82,12 +82,12 @@ def main() -> None:
     parser.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--compile", choices=("default", "metarl"), default="default",
                         help="compile both implementations with JAX's default options, or with the "
-                             "options metarl compiles its own programs with (metarl.devices.compiler_options)")
+                             "options metarl compiles its own programs with (metarl.compilation.compiler_options)")
     args = parser.parse_args()
     options = None
     if args.compile == "metarl":
-        from metarl import devices
-        options = devices.compiler_options()
+        from metarl import compilation
+        options = compilation.compiler_options()
     total = int(args.total_timesteps)
     impls = list(dict.fromkeys(args.impl))
 

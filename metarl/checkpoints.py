@@ -135,25 +135,32 @@ class Checkpointer:
 
 # --- the exported best meta-parameters ---------------------------------------------------------------
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def atomic_write(path: str | Path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all: a file of this process beside it, renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def export_best(run_dir: str | Path, meta_params: Any, info: dict) -> None:
     """Write the best meta-parameters (flax msgpack) and what is needed to use them (JSON)."""
     run_dir = Path(run_dir)
-    _atomic_write(run_dir / BEST_PARAMS, serialization.msgpack_serialize(
+    atomic_write(run_dir / BEST_PARAMS, serialization.msgpack_serialize(
         jax.tree.map(np.asarray, jax.device_get(meta_params))))
-    _atomic_write(run_dir / BEST_INFO, json.dumps(info, indent=2, default=float).encode())
+    atomic_write(run_dir / BEST_INFO, json.dumps(info, indent=2, default=float).encode())
 
 
-def read_best(run_dir: str | Path) -> tuple[Any, dict]:
-    """``(meta_params as a nested dict of numpy arrays, info)`` exported by a run."""
+def read_best(run_dir: str | Path, template: Any = None) -> tuple[Any, dict]:
+    """``(meta_params, info)`` exported by a run: the meta-parameters in the structure of ``template``
+    (the task's), or without one as a nested dict of numpy arrays."""
     run_dir = Path(run_dir)
     if not (run_dir / BEST_PARAMS).exists():
         raise CheckpointError(f"{run_dir / BEST_PARAMS}: no exported meta-parameters")
     params = serialization.msgpack_restore((run_dir / BEST_PARAMS).read_bytes())
     info = json.loads((run_dir / BEST_INFO).read_text())
-    return params, info
+    return (params if template is None else serialization.from_state_dict(template, params)), info

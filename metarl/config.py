@@ -15,12 +15,9 @@ from typing import Optional
 
 from metarl import experiments as _experiments_pkg
 from metarl.outer_loops.es_config import ESConfig
+from metarl.inner_loops.plugins import ConfigError
 
 EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
-
-
-class ConfigError(ValueError):
-    """A bad setting; the message is one line naming the field."""
 
 
 def available_experiments(experiments_dir: Optional[str] = None) -> list[str]:

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from metarl.inspect import FIGURES, fail, parse_args
+from metarl.cli import FIGURES, fail
+from metarl.inspect import parse_args
 
 DISTILL_JSON = "distill.json"
 FIGURE = "distill.png"
@@ -123,7 +124,7 @@ def formula_spec(problem: Problem, expression: str) -> dict:
 
 
 def formula_component(spec: dict):
-    from metarl import plugins
+    from metarl.inner_loops import plugins
 
     args = {k: v for k, v in spec.items() if k not in ("kind", plugins.TARGET)}
     return plugins.locate(spec[plugins.TARGET], "component._target_")(**args)
@@ -171,13 +172,13 @@ def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
         cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
         rows.append(np.stack(cols, axis=1))
 
-    from metarl import devices
+    from metarl import compilation
 
     recorder = _Recording(task.component, sink)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
         args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind.seam: meta})
-        jax.block_until_ready(devices.compile_program(jax.jit(train), *args)(*args))
+        jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
     table = np.concatenate(rows)
     if problem.kind is kinds.VALUE_LOSS:
@@ -399,15 +400,13 @@ def _version(package: str) -> str:
 def meta_params_at(run_dir: Path, cfg, task, generation):
     """``(meta_params, info)``: the exported best, or the best found up to a kept checkpoint's generation."""
     import jax
-    from flax import serialization
 
     from metarl import checkpoints
-    from metarl.runner import build_evolution
+    from metarl.scores import build_evolution
 
     try:
         if generation == "best":
-            raw, info = checkpoints.read_best(run_dir)
-            return serialization.from_state_dict(task.template, raw), info
+            return checkpoints.read_best(run_dir, task.template)
         ckpt = checkpoints.Checkpointer(run_dir, write=False)
         try:
             steps = sorted(ckpt.manager.all_steps())

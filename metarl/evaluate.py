@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -37,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from metarl.inspect import FIGURES, fail, parse_args
+from metarl.cli import FIGURES, fail
+from metarl.inspect import parse_args
 from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
@@ -53,9 +53,6 @@ def eval_keys(run_seed: int, num_seeds: int):
     return root, jax.vmap(lambda i: jax.random.fold_in(base, i))(np.arange(num_seeds, dtype=np.uint32))
 
 
-def final_return(curves: np.ndarray, window: float = FINAL_WINDOW) -> np.ndarray:
-    n = max(1, math.ceil(window * curves.shape[-1]))
-    return curves[..., -n:].mean(axis=-1)
 
 
 def summarise(final: np.ndarray) -> dict:
@@ -99,8 +96,6 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
     Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task; else the run's own
     tasks followed by its held-out ``eval_tasks``."""
-    from flax import serialization
-
     from metarl import checkpoints, results
     from metarl.config import ConfigError
     from metarl.tasks import TaskSpec, default_name, task_specs
@@ -121,8 +116,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
     try:
         cfg, task = results.load_run(run_dir, evaluated)
-        raw, info = checkpoints.read_best(run_dir)
-        meta = serialization.from_state_dict(task.template, raw)
+        meta, info = checkpoints.read_best(run_dir, task.template)
         trained_keys = {_spec_key(s) for s in task_specs(cfg)}
         formula = None
         if distilled is not None:
@@ -148,7 +142,7 @@ def _train_sides(task, meta, keys, formula=None):
     ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds)."""
     import jax
 
-    from metarl import devices
+    from metarl import compilation
     from metarl.inner_loops.envs import random_policy_return
 
     learned, baseline = side_labels(task)
@@ -164,7 +158,7 @@ def _train_sides(task, meta, keys, formula=None):
     # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
     t = time.perf_counter()
     lowered = {key: jax.jit(jax.vmap(fn)).lower(keys) for key, fn in programs.items()}
-    options = devices.compiler_options()
+    options = compilation.compiler_options()
     with ThreadPoolExecutor(min(4, len(lowered))) as pool:
         compiled = dict(zip(lowered, pool.map(lambda low: low.compile(options), lowered.values())))
     compile_s = time.perf_counter() - t
@@ -179,15 +173,15 @@ def _train_sides(task, meta, keys, formula=None):
 def _process_count(num_processes, num_seeds: int) -> int:
     """``auto``: ``METARL_NUM_PROCESSES`` if set, else one process per usable CPU core (at most one per
     seed), or one with an accelerator."""
-    from metarl import devices
+    from metarl import hardware
 
     if num_processes == "auto" and os.environ.get("METARL_NUM_PROCESSES", "").strip():
         num_processes = os.environ["METARL_NUM_PROCESSES"]
     if num_processes != "auto":
         return min(int(num_processes), num_seeds)
-    if devices.has_accelerator():
+    if hardware.has_accelerator():
         return 1
-    return min(devices.usable_cores(), num_seeds)
+    return min(hardware.usable_cores(), num_seeds)
 
 
 def _worker(job):
@@ -195,9 +189,9 @@ def _worker(job):
     run_dir, env, total_timesteps, tasks, distilled, num_seeds, start, stop, cores = job
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)  # before JAX starts XLA's thread pool in this fresh process
-    from metarl import devices
+    from metarl import compilation
 
-    devices.enable_compilation_cache()
+    compilation.enable_compilation_cache()
     cfg, task, _, meta, _, formula = _load(Path(run_dir), env, total_timesteps, tasks, distilled)
     _, keys = eval_keys(cfg.seed, num_seeds)
     return _train_sides(task, meta, keys[start:stop], formula)
@@ -252,6 +246,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_processes: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None) -> dict:
     from metarl import plots
+    from metarl.tasks import final_window_mean
 
     run_dir = Path(run_dir)
     cfg, task, on_train, meta, info, formula = _load(run_dir, env, total_timesteps, tasks, distilled)
@@ -268,7 +263,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     rows, normalized = [], {True: {label: [] for label in labels}, False: {label: [] for label in labels}}
     for spec, inner, trained in zip(task.specs, task.inner_configs, on_train):
         c = curves[spec.name]
-        finals = {label: final_return(c[label]) for label in labels}
+        finals = {label: final_window_mean(c[label], FINAL_WINDOW) for label in labels}
         base_mean = float(np.nanmean(finals[baseline_lbl]))
         random_mean = float(np.mean(c["random"]))
         norm = {label: normalized_scores(f, base_mean, random_mean) for label, f in finals.items()}

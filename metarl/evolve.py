@@ -30,20 +30,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 from metarl import config as config_lib
+from metarl.cli import _read_saved, _refuse_search_change, check_existing, fail, missing_experiment, refuse_chdir
 from metarl.config import CONFIG_FILE, ConfigError
+from metarl.inner_loops import plugins
+from metarl.launch import die_with_launcher
+from metarl.runlock import unique_dir
 
-EXIT_BAD_INPUT = 2
 SPECIAL_KEYS = ("experiment", "resume", "experiments_dir")
 CFG_TYPES = ("job", "hydra", "all")
 OPTIONS = "-m/--multirun, --cfg job|hydra|all, --package KEY, --resolve, --help, and KEY=VALUE"
 # Hydra's other command-line options, and what takes their place here.
 _INSTEAD = {"--config-name": "experiment=NAME", "-cn": "experiment=NAME", "--config-path": "experiments_dir=PATH",
             "-cp": "experiments_dir=PATH", "--config-dir": "experiments_dir=PATH", "-cd": "experiments_dir=PATH"}
-
-
-def fail(message: str, code: int = EXIT_BAD_INPUT):
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(code)
 
 
 @dataclasses.dataclass
@@ -115,28 +113,6 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     return cli
 
 
-def unique_dir(path: Path) -> Path:
-    """``path``, or ``path-2``, ``path-3``, ... if it exists; made unique for good when it is created
-    (``runlock.acquire_new``, or the sweep's exclusive mkdir)."""
-    candidate, n = path, 1
-    while candidate.exists():
-        n += 1
-        candidate = Path(f"{path}-{n}")
-    return candidate
-
-
-def missing_experiment(cli: CommandLine):
-    fail("experiment: missing; allowed: experiment=" + "|".join(config_lib.available_experiments(cli.experiments_dir))
-         + " (or resume=RUN_DIR)")
-
-
-def _read_saved(run_dir: Path, field: str) -> dict:
-    try:
-        return config_lib.read_saved(run_dir)
-    except ConfigError as err:
-        fail(f"{field}: {err}")
-
-
 def _apply_overrides(saved: dict, overrides: list[str]) -> dict:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -149,19 +125,6 @@ def _apply_overrides(saved: dict, overrides: list[str]) -> dict:
         except OmegaConfBaseException as err:
             fail(f"{override.key_or_group}: {str(err).splitlines()[0]}")
     return OmegaConf.to_container(merged, resolve=True)
-
-
-def holds_a_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` has anything in it besides what is there before a run starts: the lock file,
-    and what Hydra may write into a sweep job's directory first (``.hydra/``, the job's ``.log``)."""
-    return run_dir.is_dir() and any(not (p.name.startswith(".") or p.name.endswith(".log"))
-                                    for p in run_dir.iterdir())
-
-
-def refuse_chdir(composed) -> None:
-    if composed.hydra.job.chdir:
-        fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "
-             "started in)")
 
 
 def resolve(cli: CommandLine):
@@ -189,7 +152,7 @@ def resolve(cli: CommandLine):
             return cfg, run_dir, True, True
 
         if "experiment" not in special:
-            missing_experiment(cli)
+            missing_experiment(cli.experiments_dir)
         with config_lib.hydra_context(cli.experiments_dir):
             composed = config_lib.compose(special["experiment"], overrides, cli.experiments_dir)
         refuse_chdir(composed)
@@ -205,164 +168,12 @@ def resolve(cli: CommandLine):
     return cfg, run_dir, check_existing(cfg, run_dir), named
 
 
-def check_existing(cfg, run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses one of another
-    config, or a directory that is not a run's."""
-    if not holds_a_run(run_dir):
-        return False
-    if not (run_dir / CONFIG_FILE).exists():
-        fail(f"run_dir: {run_dir} exists and is not a metarl run directory; allowed: a new or empty "
-             "directory, or one of an earlier run of this config")
-    _refuse_search_change(_read_saved(run_dir, "run_dir"), cfg, run_dir)
-    return True
-
-
-def _refuse_search_change(saved: dict, cfg, run_dir: Path):
-    diffs = config_lib.search_differences(saved, cfg.to_dict())
-    if diffs:
-        fail(f"run_dir: {run_dir} holds a run whose search differs ({'; '.join(diffs)}); allowed: the same "
-             "settings (es.generations, logger.*, checkpoint.* and devices.* may change), or a new run_dir")
-
-
-def _fingerprint(run_dir: Path):
-    """What another run could have changed between our read-only checks and taking the lock."""
-    def stamp(path):
-        try:
-            return path.stat().st_mtime_ns
-        except OSError:
-            return None
-
-    ckpt = run_dir / "ckpt"
-    steps = sorted(p.name for p in ckpt.iterdir()) if ckpt.is_dir() else []
-    return stamp(run_dir / CONFIG_FILE), stamp(run_dir / "metrics.jsonl"), steps
-
-
-@dataclasses.dataclass
-class Checked:
-    task: Any                 # the run's task, built once (``metarl.tasks.build_task``)
-    local_launch: bool        # this process starts the run's processes and waits for them
-    num_processes: int
-
-
-def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
-    """Every check of a run's settings that needs no run directory, reading only: the search settings,
-    the packages a tracker needs, the trainer in its environment, how the population divides over the
-    processes or devices, and the memory a generation needs. Raises ``ConfigError`` or ``ValueError``
-    with a one-line message.
-
-    ``setup_devices``: join the run's processes (``devices.setup``) first, as a run must before any
-    JAX computation; a sweep checking its jobs before they start does not. ``task``: already built."""
-    import jax
-
-    from metarl import devices
-    from metarl.logger import check_mlflow_installed
-    from metarl.tasks import build_task, check_memory
-
-    check_mlflow_installed(cfg.logger.mlflow)
-    local_launch = devices.needs_local_launch(cfg.devices, cfg.es.popsize)
-    if setup_devices and not local_launch:
-        devices.setup(cfg.devices, cfg.es.popsize)  # before any JAX computation
-    cfg.es.validate()
-    task = task or build_task(cfg)
-    if not jax.tree.leaves(task.template):
-        raise ConfigError(f"component._target_: {type(task.component).__name__} has no meta-parameters (its init "
-                          "returns an empty pytree), so there is nothing to evolve; allowed: a component with "
-                          "meta-parameters (a fixed one, such as a distilled formula, trains through "
-                          "`python -m metarl.evaluate RUN_DIR distilled=K` or in code)")
-    num_processes = devices.distributed_settings(cfg.devices, cfg.es.popsize)[0]
-    if local_launch:  # each process gets this one's CPU devices (one, unless JAX_NUM_CPU_DEVICES says more)
-        devices.check_divides(cfg.es.popsize, num_processes * jax.local_device_count())
-    else:
-        devices.population_mesh(cfg.es.popsize)
-    check_memory(cfg, task, devices.memory_per_device(),
-                 devices.members_per_memory(cfg.es.popsize, num_processes if local_launch else 1))
-    return Checked(task, local_launch, num_processes)
-
-
-def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[str], task: Any = None) -> int:
-    """One run, from its checked config to its end: the remaining checks, the run directory's lock,
-    then the run itself (here, or in the processes it starts with ``child_args``). Returns the exit
-    code; bad input exits (``fail``) before anything is written."""
-    from metarl.checkpoints import CheckpointError
-
-    # 1. Every check, reading only: the config, the trainer in its environment, the devices, the
-    #    memory a generation needs, and the checkpoint a resume starts from. Nothing is written.
-    try:
-        checked = check_run(cfg, task=task)
-        task, local_launch, num_processes = checked.task, checked.local_launch, checked.num_processes
-        from metarl import runner
-
-        before = _fingerprint(run_dir)
-        prepared = None
-        if not local_launch:
-            prepared = runner.prepare(cfg, run_dir, task=task)
-        elif (run_dir / "ckpt").is_dir():  # the children restore it; the parent only checks it can
-            runner.prepare(cfg, run_dir, mesh=None, task=task)
-    except (ConfigError, ValueError, CheckpointError) as err:
-        fail(str(err).splitlines()[0])
-
-    # 2. The run directory, exclusively: a second run on it is refused here, having changed nothing.
-    import jax
-
-    from metarl import devices, runlock
-    from metarl.logger import say
-
-    lock, refused = None, None
-    if local_launch or jax.process_index() == 0:
-        try:
-            lock = runlock.acquire(run_dir) if named or resuming else runlock.acquire_new(run_dir)
-        except runlock.RunDirLocked as err:
-            refused = str(err)
-    try:
-        stop = refused is not None
-        if not local_launch:  # every process of a multi-host run stops, not only process 0 (the rest would wait)
-            stop = bool(devices.agree(int(stop), "run_dir_lock"))
-        if stop:
-            fail(refused or f"run_dir: {run_dir} is in use by another run (see process 0)")
-        if lock is not None:
-            if lock.run_dir != run_dir:  # a default name taken by a run started in the same second
-                run_dir = lock.run_dir
-                cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-                child_args = [*child_args, f"run_dir={run_dir}"]
-            elif _fingerprint(run_dir) != before:
-                # Another run wrote here between the checks and the lock (and has ended): check again.
-                try:
-                    resuming = check_existing(cfg, run_dir)
-                    if not local_launch:
-                        prepared = runner.prepare(cfg, run_dir, task=task)
-                except CheckpointError as err:
-                    fail(str(err).splitlines()[0])
-
-        if local_launch:  # every process gets the same arguments and the same run directory, and the lock
-            from metarl.launch import launch
-
-            return launch(child_args, num_processes, lock=lock, verbose=cfg.logger.verbose)
-
-        if jax.process_index() == 0:
-            config_lib.save(cfg, run_dir)
-            say(f"run directory: {run_dir}")
-        try:
-            summary = runner.run(cfg, run_dir, prepared=prepared)
-        except runner.Interrupted as stop:
-            if jax.process_index() == 0:  # every process stops after the same generation; one says so
-                say(f"stopped by {signal.Signals(stop.signum).name} after generation {stop.generation}; "
-                    f"checkpoint saved. Continue with: python -m metarl.evolve resume={run_dir}", error=True)
-            return 128 + stop.signum
-        except CheckpointError as err:
-            fail(str(err))
-        if jax.process_index() == 0:
-            say(f"done: {summary['generations']} generations; mean fitness {summary['first_mean']:.2f} -> "
-                f"{summary['last_mean']:.2f}; best {summary['best_so_far']:.2f}; results in {run_dir}")
-        return 0
-    finally:
-        if lock is not None:  # a sweep runs its next job in this process; a lone run is about to exit
-            lock.release()
-
-
 def run_one(cli: CommandLine) -> int:
     cfg, run_dir, resuming, named = resolve(cli)
     # The processes of a local launch compose the same config, in the same run directory.
     child_args = cli.args if "resume" in cli.special else [*cli.args, f"run_dir={run_dir}"]
+    from metarl.job import execute  # loads JAX: bad input above is answered without it
+
     return execute(cfg, run_dir, resuming, named, child_args)
 
 
@@ -379,7 +190,7 @@ def show_config(cli: CommandLine) -> int:
         fail("--cfg: shows a config composed from an experiment; allowed: experiment=NAME (a run's own config "
              f"is RUN_DIR/{CONFIG_FILE})")
     if "experiment" not in cli.special:
-        missing_experiment(cli)
+        missing_experiment(cli.experiments_dir)
     try:
         with config_lib.hydra_context(cli.experiments_dir):
             composed = config_lib.compose(cli.special["experiment"], cli.overrides, cli.experiments_dir)
@@ -462,8 +273,7 @@ def help_text(cli: CommandLine) -> str:
 
 def _trainer_fields(inner: dict):
     """``(class name, {field: default})`` of the trainer's config class, or None if it cannot be found."""
-    from metarl import plugins
-    from metarl.tasks import TRAINERS
+    from metarl.tasks import TRAINERS  # loads JAX: only --help needs it
 
     target = inner.get(plugins.TARGET) or TRAINERS.get(inner.get("algo", "ppo"))
     try:
@@ -484,8 +294,6 @@ def _trainer_fields(inner: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from metarl.launch import die_with_launcher
-
     die_with_launcher()  # a process of a local launch: ends with its parent, however that ends
     argv = sys.argv[1:] if argv is None else argv
     cli = parse_command_line(argv)
@@ -499,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if cli.cfg:
         return show_config(cli)
     if cli.multirun:
-        from metarl import sweep
+        from metarl import sweep  # loads JAX: bad input above is answered without it
 
         return sweep.run(cli)
     return run_one(cli)

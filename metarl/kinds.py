@@ -25,8 +25,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from metarl import inspect as _inspect
-from metarl import plugins
+from metarl.inner_loops import plugins
 from metarl.config import INT32_MAX, ConfigError
 from metarl.outer_loops.search_space import HyperparamSpace
 
@@ -40,11 +39,17 @@ class Kind:
     seam: Optional[str]
     component: Optional[str] = None             # component._target_ where the config names none
     baseline: Callable[[Any], str] = lambda inner: "the trainer's default"  # label from the trainer config
-    plot: Optional[Callable] = None             # (run_dir, cfg, task, meta, info, out, error_range) -> paths
+    # (run_dir, cfg, task, meta, info, out, error_range) -> paths: a function or its dotted path
+    plot: Optional[Callable | str] = None
     formula: Optional[str] = None               # the formula component metarl.distill fits, if any
 
     def __str__(self) -> str:
         return self.name
+
+    def figures(self, *args) -> list:
+        """The kind's figures of a run (``plot``, imported first when it is a dotted path)."""
+        plot = plugins.locate(self.plot, "component.kind") if isinstance(self.plot, str) else self.plot
+        return plot(*args)
 
     def build(self, spec: dict, trainer_fields: list[str]):
         """The component from ``component.*`` (without ``kind``)."""
@@ -149,10 +154,10 @@ def get(name: Any) -> Kind:
 VALUE_LOSS = register(Kind(
     "value_loss", seam="value_loss", component="metarl.inner_loops.components.MLPValueLoss",
     baseline=lambda inner: "L2 value loss" + (" (clipped)" if getattr(inner, "clip_value_loss", False) else ""),
-    plot=_inspect.value_loss_plots, formula="metarl.inner_loops.components.FormulaValueLoss"))
+    plot="metarl.figures.value_loss_plots", formula="metarl.inner_loops.components.FormulaValueLoss"))
 POLICY_OBJECTIVE = register(Kind(
     "policy_objective", seam="policy_objective", component="metarl.inner_loops.components.LPODrift",
-    baseline=lambda inner: "PPO clipped objective", plot=_inspect.policy_objective_plots,
+    baseline=lambda inner: "PPO clipped objective", plot="metarl.figures.policy_objective_plots",
     formula="metarl.inner_loops.components.FormulaDrift"))
 HYPERPARAMS = register(Hyperparams("hyperparams", seam=None, baseline=lambda inner: "trainer config",
-                                   plot=_inspect.hyperparams_plots))
+                                   plot="metarl.figures.hyperparams_plots"))

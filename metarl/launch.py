@@ -16,6 +16,7 @@ the collective library's ``[Gloo] Rank 1 is connected to 1 peer ranks`` as the p
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -25,6 +26,8 @@ import sys
 import threading
 import time
 from typing import BinaryIO, Optional, TextIO
+
+from metarl import runlock
 
 # Signals that stop a run after the generation in flight, with a checkpoint (``metarl.runner``); the
 # parent of a launch passes them on to its children. SIGHUP is what a closed terminal sends.
@@ -89,15 +92,11 @@ def die_with_launcher() -> None:
         return
     parent = int(value)
     if sys.platform.startswith("linux"):
-        import ctypes
-
         PR_SET_PDEATHSIG = 1
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     else:
-        import threading
-
         def watch():
             while os.getppid() == parent:
                 time.sleep(0.5)
@@ -121,8 +120,6 @@ def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock=None, 
     by every child, so the directory stays locked while any of them lives; the children are named in it.
     ``verbose``: pass on the third-party lines (``NOISE``) too.
     """
-    from metarl import runlock
-
     port = free_port()
     children: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []

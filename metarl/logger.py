@@ -13,6 +13,7 @@ parameters (flattened keys such as ``es.popsize``).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from metarl.checkpoints import atomic_write
 from metarl.config import ConfigError, MlflowSection, flatten, show_value
 
 METRICS_FILE = "metrics.jsonl"
@@ -67,9 +69,7 @@ def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
     if not path.exists():
         return
     kept = [r for r in read_metrics(run_dir) if r.get("generation", 0) <= generations_done]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(to_json_line(r) for r in kept))
-    os.replace(tmp, path)
+    atomic_write(path, "".join(to_json_line(r) for r in kept))
 
 
 def say(text: str, error: bool = False) -> None:
@@ -215,8 +215,6 @@ class Logger:
 
 def _wandb_id(run_dir: Path) -> str:
     # Stable per run directory, so a resumed run continues the same wandb run.
-    import hashlib
-
     return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
@@ -313,9 +311,7 @@ class MlflowRun:
         if not continued:
             experiment_id = _experiment_id(client, section.experiment or experiment, artifacts)
             run = client.create_run(experiment_id, run_name=name)
-            tmp = record_path.with_name(record_path.name + ".tmp")
-            tmp.write_text(json.dumps({"tracking_uri": uri, "run_id": run.info.run_id}, indent=1) + "\n")
-            os.replace(tmp, record_path)
+            atomic_write(record_path, json.dumps({"tracking_uri": uri, "run_id": run.info.run_id}, indent=1) + "\n")
             logged = {}
         else:
             client.update_run(run.info.run_id, status="RUNNING")

@@ -10,11 +10,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-from flax import serialization
-
 from metarl import checkpoints
 from metarl.config import RunConfig, from_dict, read_saved
 from metarl.logger import read_metrics
+from metarl.tasks import build_task
 
 
 def load_config(run_dir: str | Path) -> RunConfig:
@@ -26,8 +25,6 @@ def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = No
     """``(config, task)`` of a run directory, from its saved config: how ``metarl.inspect``,
     ``metarl.evaluate`` and ``load_best`` read a run. ``tasks(config)`` gives other task specs to build
     in place of the run's own (e.g. its held-out ``eval_tasks``)."""
-    from metarl.tasks import build_task
-
     cfg = load_config(run_dir)
     return cfg, build_task(cfg, None if tasks is None else tasks(cfg))
 
@@ -60,7 +57,6 @@ class Best:
 
 def load_best(run_dir: str | Path) -> Best:
     _, task = load_run(run_dir)
-    raw, info = checkpoints.read_best(run_dir)
-    meta = serialization.from_state_dict(task.template, raw)
+    meta, info = checkpoints.read_best(run_dir, task.template)
     return Best(kind=task.kind.name, component=task.component, meta_params=meta, inner_config=task.inner_config,
                 info=info, train=task.make_train(meta), values=task.kind.values(task.component, meta))

@@ -132,3 +132,13 @@ def acquire_new(candidate: str | Path) -> RunLock:
         except FileExistsError:
             n += 1
             path = Path(f"{base}-{n}")
+
+
+def unique_dir(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... if it exists; made unique for good when it is created
+    (``runlock.acquire_new``, or the sweep's exclusive mkdir)."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = Path(f"{path}-{n}")
+    return candidate

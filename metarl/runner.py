@@ -10,36 +10,20 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from metarl import checkpoints, devices, scores
-from metarl.launch import STOP_SIGNALS, ignored
+from metarl import checkpoints, compilation, devices, figures, scores
+from metarl.scores import build_evolution
 from metarl.config import RunConfig
+from metarl.launch import STOP_SIGNALS, ignored
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task, build_task
-from metarl.outer_loops.evolution import SIGNAL_FIELDS, Evolution
+from metarl.outer_loops.evolution import NOISE_GENERATIONS, NOISE_THRESHOLD, SIGNAL_FIELDS, Evolution, noise_warning  # noqa: F401 (part of this module's API)
 
 
 class Interrupted(Exception):
     """Raised after a clean save when SIGINT, SIGTERM or SIGHUP arrived."""
-
     def __init__(self, signum: int, generation: int):
         self.signum, self.generation = signum, generation
         super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
-
-
-def build_evolution(cfg: RunConfig, task: Optional[Task] = None, mesh: Any = "auto",
-                    reference: Optional[dict] = None):
-    """The task and the evolution driver; ``reference`` holds the per-task baseline and random returns
-    that ``fitness.normalize=baseline`` scores against (see ``metarl.scores``; None: raw returns)."""
-    task = task or build_task(cfg)
-    if mesh == "auto":
-        mesh = devices.population_mesh(cfg.es.popsize)
-    evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
-                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
-                    describe_search=task.describe_search,
-                    aggregate=scores.make_aggregate(reference, cfg.fitness.aggregate),
-                    control_fn=task.control_fn if cfg.fitness.control != "none" else None,
-                    paired=cfg.fitness.control == "paired")
-    return task, evo
 
 
 def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger=None) -> Optional[dict]:
@@ -67,7 +51,6 @@ def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger
 class _StopFlag:
     """Turn the stop signals (``launch.STOP_SIGNALS``: SIGINT, SIGTERM, SIGHUP) into a flag read between
     generations (a generation is one XLA call)."""
-
     def __init__(self):
         self.received: Optional[int] = None  # the first stop signal this process got
         self._old = {}
@@ -95,7 +78,6 @@ class _StopFlag:
 @dataclasses.dataclass
 class Prepared:
     """A run ready to go: its task, evolution, and the state to start from (restored if any)."""
-
     task: Task
     evo: Evolution
     state: Any
@@ -157,7 +139,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
         logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
 
     t0 = time.perf_counter()
-    step = devices.compile_once(evo.step, state)  # one compilation per run, timed on its own
+    step = compilation.compile_once(evo.step, state)  # one compilation per run, timed on its own
     compile_s = time.perf_counter() - t0
     devices.barrier("compiled")  # processes compile at different speeds; the first collective waits 30 s
     logger.message(f"compiled the generation in {compile_s:.1f} s; {frames_per_gen:,} frames per generation "
@@ -211,11 +193,9 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
 def _figures(run_dir: Path, logger: Logger, loaded: tuple) -> list[Path]:
     """The figures of ``python -m metarl.inspect``, written to ``run_dir/figures``; none if that fails,
     since the run itself has succeeded. ``loaded``: the run's ``(config, task)``, not built again."""
-    from metarl.inspect import inspect_run
-
     try:
-        return inspect_run(run_dir, loaded=loaded)
-    except (Exception, SystemExit) as err:  # inspect reports bad input by exiting
+        return figures.write_figures(run_dir, loaded=loaded)
+    except Exception as err:
         logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
         return []
 
@@ -225,28 +205,6 @@ def _best_files(run_dir: Path) -> tuple[list[Path], Optional[dict]]:
     if not all(f.exists() for f in files):
         return [], None
     return files, checkpoints.read_best(run_dir)[1]
-
-
-# The search is called noise-dominated when the signal fraction stays below NOISE_THRESHOLD in each of
-# its first NOISE_GENERATIONS generations (docs/signal.md).
-NOISE_THRESHOLD, NOISE_GENERATIONS = 0.2, 3
-
-
-def noise_warning(history: list[dict], generations: int = NOISE_GENERATIONS) -> Optional[str]:
-    """The warning, once: when the last record of ``history`` completes generation ``generations`` and
-    the signal fraction was below ``NOISE_THRESHOLD`` in every generation so far (None where not
-    measured). Otherwise None."""
-    if not history or history[-1]["generation"] != generations:
-        return None
-    signals = [r.get("signal") for r in history if r["generation"] <= generations]
-    if not signals or any(s is None or not s < NOISE_THRESHOLD for s in signals):
-        return None
-    shown = ", ".join(f"{s:.2f}" for s in signals)
-    return (f"warning: the search is noise-dominated: the signal fraction stayed below {NOISE_THRESHOLD} in the "
-            f"first {generations} generation(s) ({shown}), so the members' fitness differences are mostly seed "
-            "noise and the best member is mostly luck. Levers: more fitness.num_seeds (divides the seed noise), "
-            "a larger es.std_init (members further apart differ more), a larger es.popsize (more members per "
-            "update); docs/signal.md")
 
 
 def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:

@@ -12,19 +12,40 @@ scores exactly as before and measures nothing again.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from metarl import compilation, devices
+from metarl.checkpoints import atomic_write
+from metarl.inner_loops.envs import random_policy_return
+from metarl.outer_loops.evolution import Evolution
+from metarl.stats import t_interval
+from metarl.tasks import build_task, task_key
 
 REFERENCE_FILE = "reference.json"
 # Streams of the run's seed for the reference measurements; evolution splits key(seed) itself, so
 # folding in a constant gives keys it never uses.
 _BASE_STREAM, _LOW_STREAM = 0x5EED_BA5E, 0x5EED_0001
 AGGREGATES = {"mean": jnp.mean, "median": jnp.median, "min": jnp.min}
+
+
+def build_evolution(cfg, task=None, mesh: Any = "auto", reference: Optional[dict] = None):
+    """The task and the evolution driver; ``reference`` holds the per-task baseline and random returns
+    that ``fitness.normalize=baseline`` scores against (None: raw returns)."""
+    task = task or build_task(cfg)
+    if mesh == "auto":
+        mesh = devices.population_mesh(cfg.es.popsize)
+    evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
+                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
+                    describe_search=task.describe_search,
+                    aggregate=make_aggregate(reference, cfg.fitness.aggregate),
+                    control_fn=task.control_fn if cfg.fitness.control != "none" else None,
+                    paired=cfg.fitness.control == "paired")
+    return task, evo
 
 
 def normalization(cfg, num_tasks: int) -> str:
@@ -38,11 +59,6 @@ def measure_reference(task, seed: int, num_seeds: int) -> dict:
     """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds, with its
     95% t-interval (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from
     ``tasks.task_key(key, i)`` of each seed key, as a member and the control do."""
-    from metarl import devices
-    from metarl.inner_loops.envs import random_policy_return
-    from metarl.stats import t_interval
-    from metarl.tasks import task_key
-
     root = jax.random.key(seed)
     base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
     low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
@@ -53,7 +69,7 @@ def measure_reference(task, seed: int, num_seeds: int) -> dict:
         random_play = jax.jit(jax.vmap(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
                                                                                    spec.env_args or ())))
         for name, program, keys in (("base", baseline, base_keys), ("low", random_play, low_keys)):
-            values = np.asarray(devices.compile_program(program, keys)(keys), np.float64)
+            values = np.asarray(compilation.compile_program(program, keys)(keys), np.float64)
             values = np.asarray(task.statistic(values)) if name == "base" else values
             reference[name].append(float(values.mean()))
             reference[name + "_ci"].append([float(b) for b in t_interval(values)])
@@ -73,9 +89,7 @@ def describe(reference: dict) -> str:
 
 def save_reference(run_dir: Path, reference: dict) -> None:
     path = Path(run_dir) / REFERENCE_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(reference, indent=2))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(reference, indent=2))
 
 
 def load_reference(run_dir: Path, names: list[str]) -> Optional[dict]:

@@ -26,6 +26,7 @@ sweeper plug-in such as Optuna's, set to maximise) can search over a run's setti
 from __future__ import annotations
 
 import csv
+import io
 import dataclasses
 import json
 import math
@@ -35,10 +36,21 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
+
 from metarl import config as config_lib
-from metarl.evolve import CommandLine, fail, missing_experiment, refuse_chdir, unique_dir
+from metarl import compilation, devices, runlock
+from metarl.checkpoints import atomic_write
+from metarl.cli import EXIT_BAD_INPUT, fail, missing_experiment, refuse_chdir
+from metarl.job import check_existing, check_run, execute
 from metarl.launch import STOP_SIGNALS
-from metarl.logger import PARENT_RUN_ENV, MlflowRun
+from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -87,8 +99,6 @@ class SweepJob:
     experiments_dir: Optional[str]
 
     def __call__(self, composed) -> float:
-        from hydra.core.hydra_config import HydraConfig
-
         hydra_cfg = HydraConfig.get()
         num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
         given = [str(o) for o in hydra_cfg.overrides.task]
@@ -105,20 +115,18 @@ class SweepJob:
         return math.nan if best is None else best
 
     def run(self, composed, run_dir: Path, given: list[str], overrides: list[str]) -> int:
-        from metarl import evolve
-
         try:
             cfg = config_lib.from_composed(composed, self.experiments_dir)
             cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
             cached = _CHECKED.get(tuple(given))
             task = cached[1] if cached is not None and cached[0] == cfg else None
             config_lib.check_run_dir(str(run_dir))
-            resuming = evolve.check_existing(cfg, run_dir)
-            return evolve.execute(cfg, run_dir, resuming, named=True, task=task,
-                                  child_args=job_args(self.experiment, self.experiments_dir, overrides, run_dir))
+            resuming = check_existing(cfg, run_dir)
+            return execute(cfg, run_dir, resuming, named=True, task=task,
+                           child_args=job_args(self.experiment, self.experiments_dir, overrides, run_dir))
         except config_lib.ConfigError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
-            return evolve.EXIT_BAD_INPUT
+            return EXIT_BAD_INPUT
         except SystemExit as stop:  # bad input (one line already printed), as a run on its own would exit
             return stop.code if isinstance(stop.code, int) else 1
         except Exception:  # a failure of this job only: the sweep goes on to the next
@@ -128,14 +136,10 @@ class SweepJob:
 
 def _write_json(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 def _results(run_dir: Path) -> dict:
-    from metarl.logger import read_metrics
-
     history = read_metrics(run_dir)
     last = history[-1] if history else {}
     return {"generations": len(history), "best": last.get("best_so_far"), "last_mean": last.get("mean")}
@@ -150,12 +154,11 @@ def write_summary(sweep_dir: Path) -> list[dict]:
         rows.append({**job, **_results(Path(job["run_dir"]))})
     rows = [{k: row.get(k) for k in COLUMNS} for row in rows]
     _write_json(sweep_dir / SUMMARY_JSON, rows)
-    tmp = sweep_dir / (SUMMARY_CSV + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, sweep_dir / SUMMARY_CSV)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(sweep_dir / SUMMARY_CSV, table.getvalue())
     return rows
 
 
@@ -163,10 +166,6 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
     """``(jobs, known)``: every job's overrides as the basic sweeper will make them (``known``); for
     another sweeper, whose jobs are known only as it runs, the one set of settings all its jobs share
     (the overrides that sweep nothing)."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
     task = OmegaConf.to_container(master.hydra.overrides.task, resolve=False)
     if master.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
         parsed = OverridesParser.create().parse_overrides(task)
@@ -179,10 +178,6 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
 def compose_sweep(app, experiment: str, overrides: list[str], experiments_dir: Optional[str]):
     """The sweep's master config: Hydra's composition for a sweep, where ``key=a,b`` lists values to
     sweep (Hydra's application object ``app``, inside ``config.hydra_context``)."""
-    from hydra.errors import HydraException
-    from hydra.types import RunMode
-    from omegaconf.errors import OmegaConfBaseException
-
     config_lib.check_experiment(experiment, experiments_dir)
     config_lib.check_overrides(overrides, multirun=True)
     try:
@@ -198,14 +193,7 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
     (new, or an earlier run of the same config), its task, devices and memory. Exits with one line on
     the first bad one, naming the job. Not ``known``: the settings the jobs share, without a run
     directory (each job checks the rest when it starts). Returns the checked configs."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import HydraException
-    from omegaconf import open_dict
-    from omegaconf.errors import OmegaConfBaseException
-
-    from metarl import devices, evolve
-
-    devices.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
+    compilation.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
     in_process = master.hydra.launcher.get("_target_") == BASIC_LAUNCHER
     shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
     seen, checked_cfgs = {}, []
@@ -226,7 +214,7 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
             cfg = dataclasses.replace(config_lib.from_composed(job_cfg, experiments_dir), run_dir=str(run_dir))
             if known:
                 config_lib.check_run_dir(str(run_dir))
-                evolve.check_existing(cfg, run_dir)
+                check_existing(cfg, run_dir)
             if in_process:
                 number, coordinator, process_id = devices.distributed_settings(cfg.devices, cfg.es.popsize)
                 if number > 1 and (coordinator is not None or process_id is not None):
@@ -234,7 +222,7 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
                          "process joins one only; allowed: devices.num_processes=auto|N on one machine (each "
                          "job starts its own processes), or a launcher that runs each job in processes of its "
                          "own (hydra/launcher=submitit_slurm)")
-            checked = evolve.check_run(cfg, setup_devices=False)
+            checked = check_run(cfg, setup_devices=False)
             if known:
                 _CHECKED[tuple(job)] = (cfg, checked.task)
             checked_cfgs.append(cfg)
@@ -278,14 +266,15 @@ def log_mlflow_summary(parent: MlflowRun, sweep_dir: Path, rows: list[dict], sto
     parent.finish("KILLED" if stopped else "FAILED" if failed else "FINISHED")
 
 
-def run(cli: CommandLine) -> int:
-    """The sweep of ``cli`` (given with ``-m``): checks, then Hydra's sweeper, then the summary."""
+def run(cli) -> int:
+    """The sweep of ``cli`` (``metarl.evolve.CommandLine``, given with ``-m``): checks, then Hydra's sweeper,
+    then the summary."""
     special, overrides = cli.special, list(cli.overrides)
     if "resume" in special:
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
              "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
     if "experiment" not in special:
-        missing_experiment(cli)
+        missing_experiment(cli.experiments_dir)
     experiment, experiments_dir = special["experiment"], cli.experiments_dir
     for key in ("experiment", "experiments_dir"):
         if "," in special.get(key, ""):
@@ -304,16 +293,14 @@ def run(cli: CommandLine) -> int:
         return _run(cli, hydra_state.hydra, experiment, experiments_dir, overrides, bool(named))
 
 
-def _run(cli: CommandLine, app, experiment: str, experiments_dir: Optional[str], overrides: list[str],
+def _run(cli, app, experiment: str, experiments_dir: Optional[str], overrides: list[str],
          named: bool) -> int:
-    from omegaconf import read_write
-
     try:
         master = compose_sweep(app, experiment, overrides, experiments_dir)
         refuse_chdir(master)
         sweep_dir = Path(str(master.hydra.sweep.dir))
         if not named:  # the default name, made unique (two sweeps started in the same second)
-            sweep_dir = unique_dir(sweep_dir)
+            sweep_dir = runlock.unique_dir(sweep_dir)
         # Set explicitly, so that every later composition (Hydra's own, a job's) names the same one.
         overrides = [o for o in overrides if config_lib.override_key(o) != "hydra.sweep.dir"]
         overrides.append(f"hydra.sweep.dir={sweep_dir}")

@@ -17,10 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metarl import kinds, plugins
+from metarl import kinds
 from metarl.config import ConfigError, RunConfig
 from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops import trainer as trainer_protocol
+from metarl.inner_loops import plugins
 
 # The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
 # Imported on use so a trainer's import cost is paid only by its runs.
@@ -203,15 +204,15 @@ def task_key(key: jax.Array, i: int) -> jax.Array:
     return jax.random.fold_in(key, i) if i else key
 
 
+def final_window_mean(curve, window: float):
+    """The mean of the last ``window`` fraction (at least one point) of ``curve``'s last axis, a NumPy or
+    JAX array: a training's final return."""
+    n = max(1, math.ceil(window * curve.shape[-1]))
+    return curve[..., -n:].mean(axis=-1)
+
+
 def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
-    def final(curve):
-        n = max(1, math.ceil(window * curve.shape[-1]))
-        return jnp.mean(curve[..., -n:], axis=-1)
-
-    def auc(curve):
-        return jnp.mean(curve, axis=-1)
-
-    return {"final": final, "auc": auc}[name]
+    return {"final": lambda curve: final_window_mean(curve, window), "auc": lambda curve: curve.mean(axis=-1)}[name]
 
 
 def component_from_config(cfg: RunConfig, specs: list | None = None):

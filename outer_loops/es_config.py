@@ -1,13 +1,16 @@
-"""The search settings of the evolution driver (``ESConfig``): plain data, importable before JAX
-starts. evosax's algorithms start JAX's backends when they are imported, and a run must read and
-check its config before it sets up its devices (``jax.distributed`` has to come first), so the
-strategy table and evosax are only imported when a setting is checked or a strategy is built
-(``metarl.outer_loops.evolution``).
+"""The search settings of the evolution driver (``ESConfig``) and the evosax strategies they name:
+plain data, importable before JAX starts. evosax's algorithms start JAX's backends when they are
+imported, and a run must read and check its config before it sets up its devices
+(``jax.distributed`` has to come first), so evosax and optax are only imported when a setting is
+checked or a strategy is built (``strategy_tables``, ``make_strategy``).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import functools
+from typing import Any, Optional
+
+from metarl.inner_loops.plugins import constructor_arguments, instantiate, locate
 
 OPTIMIZERS = ("adam", "sgd", "clipup")
 
@@ -39,11 +42,8 @@ class ESConfig:
 
     def strategy_class(self):
         if self.target is not None:
-            from metarl.plugins import locate
-
             return locate(self.target, "es._target_")
-        from metarl.outer_loops.evolution import STRATEGIES, UNSUPPORTED
-
+        STRATEGIES, UNSUPPORTED, _ = strategy_tables()
         if self.strategy in UNSUPPORTED:
             raise ValueError(f"es.strategy: {self.strategy} does not work with this driver "
                              f"({UNSUPPORTED[self.strategy]}); allowed: {', '.join(STRATEGIES)}")
@@ -54,8 +54,6 @@ class ESConfig:
 
     def validate(self) -> "ESConfig":
         import jax.numpy as jnp
-
-        from metarl.outer_loops.evolution import FITNESS_SHAPING, make_strategy
 
         cls = self.strategy_class()
         if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
@@ -68,12 +66,94 @@ class ESConfig:
             raise ValueError(f"es.adam_b1: {self.adam_b1!r}; allowed: >= 0 and < 1")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"es.optimizer: {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
-        if self.fitness_shaping is not None and self.fitness_shaping not in FITNESS_SHAPING:
+        if self.fitness_shaping is not None and self.fitness_shaping not in strategy_tables()[2]:
             raise ValueError(f"es.fitness_shaping: {self.fitness_shaping!r}; allowed: "
-                             f"{', '.join(FITNESS_SHAPING)} or null (the strategy's default)")
+                             f"{', '.join(strategy_tables()[2])} or null (the strategy's default)")
         if self.args and self.target is None:
             raise ValueError(f"es.args: {self.args!r}; allowed: empty unless es._target_ names a strategy class")
         # The strategy's own checks (evosax asserts an even population for antithetic sampling),
         # run on a one-number template so they fail here, before anything is compiled.
         make_strategy(self, {"x": jnp.zeros((1,), jnp.float32)}, cls)
         return self
+
+
+_POPULATION_BASED = "population-based: its init(key, population, fitness, params) starts from a scored " \
+                    "population, while the driver starts a search from one mean"
+_SEVERAL_MEANS = "Stein variational: keeps num_populations search distributions, while the driver " \
+                 "follows one mean"
+
+
+@functools.cache
+def strategy_tables() -> tuple[dict, dict, dict]:
+    """``(STRATEGIES, UNSUPPORTED, FITNESS_SHAPING)``: every evosax strategy the driver runs, by its
+    evosax name (es.strategy=NAME); those it cannot run, each with the reason (shown in
+    es.strategy's error); and evosax's fitness shapings by name."""
+    from evosax.algorithms import algorithms
+    from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
+    from evosax.core import fitness_shaping as shaping
+
+    unsupported = {
+        **{name: _POPULATION_BASED for name, cls in algorithms.items() if issubclass(cls, PopulationBasedAlgorithm)},
+        "RandomSearch": "needs sampling_fn, a function drawing each candidate, which a name cannot give; "
+                        "name a subclass that supplies one with es._target_",
+        "SV_CMA_ES": _SEVERAL_MEANS,
+        "SV_Open_ES": _SEVERAL_MEANS,
+    }
+    strategies = {name: cls for name, cls in algorithms.items() if name not in unsupported}
+    shapings = {name: getattr(shaping, f"{name}_fitness_shaping_fn")
+                for name in ("centered_rank", "standardize", "normalize", "identity", "weights")}
+    return strategies, unsupported, shapings
+
+
+# Constructor arguments the driver fills from ESConfig; a custom strategy may not take them in `args`.
+_DRIVER_ARGUMENTS = ("population_size", "solution", "optimizer", "std_schedule", "use_antithetic_sampling",
+                     "fitness_shaping_fn")
+
+
+def _driver_kwargs(config: ESConfig, cls) -> dict[str, Any]:
+    """The driver's settings as constructor arguments, for those the strategy takes."""
+    import optax
+
+    takes = set(constructor_arguments(cls)[0])
+    kwargs: dict[str, Any] = {}
+    if config.fitness_shaping is not None and "fitness_shaping_fn" in takes:
+        kwargs["fitness_shaping_fn"] = strategy_tables()[2][config.fitness_shaping]
+    if "optimizer" in takes:
+        # ClipUp (Toklu et al. 2020), PGPE's usual optimiser: normalised gradient, momentum, clipped speed.
+        kwargs["optimizer"] = {
+            "adam": lambda: optax.adam(config.lr, b1=config.adam_b1),
+            "sgd": lambda: optax.sgd(config.lr),
+            "clipup": lambda: optax.chain(optax.normalize_by_update_norm(scale_factor=1.0),
+                                          optax.sgd(config.lr, momentum=0.9),
+                                          optax.clip_by_global_norm(2.0 * config.lr)),
+        }[config.optimizer]()
+    if "std_schedule" in takes:
+        kwargs["std_schedule"] = optax.constant_schedule(config.std_init)
+    if "use_antithetic_sampling" in takes:
+        kwargs["use_antithetic_sampling"] = config.antithetic
+    return kwargs
+
+
+def make_strategy(config: ESConfig, template: Any, cls=None):
+    """Build the evosax strategy and its params. Build it once per run: evosax's jitted methods
+    take the strategy object as a static argument hashed by identity."""
+    cls = cls or config.strategy_class()
+    kwargs = _driver_kwargs(config, cls)
+    try:
+        if config.target is not None:
+            es = instantiate(config.target, config.args, "es._target_", "es.args.",
+                             injected={"population_size": config.popsize, "solution": template, **kwargs},
+                             reserved=_DRIVER_ARGUMENTS)
+        else:
+            es = cls(config.popsize, template, **kwargs)
+    except AssertionError as err:  # evosax checks the population size with asserts
+        message = str(err)
+        if "even" in message:
+            raise ValueError(f"es.popsize: {config.popsize} is odd but {config.name} needs an even "
+                             f"population (antithetic pairs); allowed: an even number such as {config.popsize + 1}") from None
+        raise ValueError(f"es.popsize: {config.popsize} is refused by {config.name} ({message}); allowed: "
+                         "a population size the strategy accepts") from None
+    params = es.default_params
+    if hasattr(params, "std_init"):
+        params = params.replace(std_init=config.std_init)
+    return es, params

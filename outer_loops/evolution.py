@@ -29,101 +29,18 @@ from typing import Any, Callable, Optional
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
-import optax
-from evosax.algorithms import algorithms as _EVOSAX_ALGORITHMS
-from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
-from evosax.core import fitness_shaping as shaping
+from jax.sharding import PartitionSpec as P
 from flax import struct
 
-from metarl.outer_loops.es_config import OPTIMIZERS, ESConfig  # noqa: F401 (part of this module's API)
+from metarl.outer_loops.es_config import OPTIMIZERS, ESConfig, make_strategy, strategy_tables  # noqa: F401 (part of this module's API)
 
-_POPULATION_BASED = "population-based: its init(key, population, fitness, params) starts from a scored " \
-                    "population, while the driver starts a search from one mean"
-_SEVERAL_MEANS = "Stein variational: keeps num_populations search distributions, while the driver " \
-                 "follows one mean"
-# evosax strategies the driver cannot run, each with the reason (shown in es.strategy's error).
-UNSUPPORTED = {
-    **{name: _POPULATION_BASED for name, cls in _EVOSAX_ALGORITHMS.items()
-       if issubclass(cls, PopulationBasedAlgorithm)},
-    "RandomSearch": "needs sampling_fn, a function drawing each candidate, which a name cannot give; "
-                    "name a subclass that supplies one with es._target_",
-    "SV_CMA_ES": _SEVERAL_MEANS,
-    "SV_Open_ES": _SEVERAL_MEANS,
-}
-# Every other evosax strategy, by its evosax name (es.strategy=NAME).
-STRATEGIES = {name: cls for name, cls in _EVOSAX_ALGORITHMS.items() if name not in UNSUPPORTED}
-FITNESS_SHAPING = {
-    "centered_rank": shaping.centered_rank_fitness_shaping_fn,
-    "standardize": shaping.standardize_fitness_shaping_fn,
-    "normalize": shaping.normalize_fitness_shaping_fn,
-    "identity": shaping.identity_fitness_shaping_fn,
-    "weights": shaping.weights_fitness_shaping_fn,
-}
+STRATEGIES, UNSUPPORTED, FITNESS_SHAPING = strategy_tables()
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 # The per-generation signal statistics, by their names in stats, metrics.jsonl, wandb, MLflow and the
 # inspect figure (docs/signal.md).
 SIGNAL_FIELDS = ("signal_between", "signal_within", "seed_noise", "signal", "update_signal")
 # The control's, with a control: its fitness and the members' margins over it.
 CONTROL_FIELDS = ("control", "best_vs_control", "mean_vs_control")
-# Constructor arguments the driver fills from ESConfig; a custom strategy may not take them in `args`.
-_DRIVER_ARGUMENTS = ("population_size", "solution", "optimizer", "std_schedule", "use_antithetic_sampling",
-                     "fitness_shaping_fn")
-
-
-def _driver_kwargs(config: ESConfig, cls) -> dict[str, Any]:
-    """The driver's settings as constructor arguments, for those the strategy takes."""
-    from metarl.plugins import constructor_arguments
-
-    takes = set(constructor_arguments(cls)[0])
-    kwargs: dict[str, Any] = {}
-    if config.fitness_shaping is not None and "fitness_shaping_fn" in takes:
-        kwargs["fitness_shaping_fn"] = FITNESS_SHAPING[config.fitness_shaping]
-    if "optimizer" in takes:
-        kwargs["optimizer"] = {
-            "adam": lambda: optax.adam(config.lr, b1=config.adam_b1),
-            "sgd": lambda: optax.sgd(config.lr),
-            "clipup": lambda: _clipup(config.lr),
-        }[config.optimizer]()
-    if "std_schedule" in takes:
-        kwargs["std_schedule"] = optax.constant_schedule(config.std_init)
-    if "use_antithetic_sampling" in takes:
-        kwargs["use_antithetic_sampling"] = config.antithetic
-    return kwargs
-
-
-def make_strategy(config: ESConfig, template: Any, cls=None):
-    """Build the evosax strategy and its params. Build it once per run: evosax's jitted methods
-    take the strategy object as a static argument hashed by identity."""
-    cls = cls or config.strategy_class()
-    kwargs = _driver_kwargs(config, cls)
-    try:
-        if config.target is not None:
-            from metarl.plugins import instantiate
-
-            es = instantiate(config.target, config.args, "es._target_", "es.args.",
-                             injected={"population_size": config.popsize, "solution": template, **kwargs},
-                             reserved=_DRIVER_ARGUMENTS)
-        else:
-            es = cls(config.popsize, template, **kwargs)
-    except AssertionError as err:  # evosax checks the population size with asserts
-        message = str(err)
-        if "even" in message:
-            raise ValueError(f"es.popsize: {config.popsize} is odd but {config.name} needs an even "
-                             f"population (antithetic pairs); allowed: an even number such as {config.popsize + 1}") from None
-        raise ValueError(f"es.popsize: {config.popsize} is refused by {config.name} ({message}); allowed: "
-                         "a population size the strategy accepts") from None
-    params = es.default_params
-    if hasattr(params, "std_init"):
-        params = params.replace(std_init=config.std_init)
-    return es, params
-
-
-def _clipup(lr):
-    # ClipUp (Toklu et al. 2020), PGPE's usual optimiser: normalised gradient, momentum, clipped speed.
-    return optax.chain(optax.normalize_by_update_norm(scale_factor=1.0),
-                       optax.sgd(lr, momentum=0.9), optax.clip_by_global_norm(2.0 * lr))
-
-
 @struct.dataclass
 class EvoState:
     es_state: Any
@@ -281,7 +198,6 @@ class Evolution:
     def evaluate(self, population, seed_keys):
         if self.mesh is None or self.mesh.size == 1:
             return self._evaluate_members(population, seed_keys)
-        from jax.sharding import PartitionSpec as P
         sharded = jax.shard_map(self._evaluate_members, mesh=self.mesh, in_specs=(P("pop"), P()),
                                 out_specs=P("pop"), check_vma=False)
         return sharded(population, seed_keys)
@@ -387,3 +303,25 @@ class Evolution:
     def mean(self, state: EvoState):
         """The search distribution's mean as a pytree shaped like the template."""
         return self.es.get_mean(state.es_state)
+
+
+# The search is called noise-dominated when the signal fraction stays below NOISE_THRESHOLD in each of
+# its first NOISE_GENERATIONS generations (docs/signal.md).
+NOISE_THRESHOLD, NOISE_GENERATIONS = 0.2, 3
+
+
+def noise_warning(history: list[dict], generations: int = NOISE_GENERATIONS) -> Optional[str]:
+    """The warning, once: when the last record of ``history`` completes generation ``generations`` and
+    the signal fraction was below ``NOISE_THRESHOLD`` in every generation so far (None where not
+    measured). Otherwise None."""
+    if not history or history[-1]["generation"] != generations:
+        return None
+    signals = [r.get("signal") for r in history if r["generation"] <= generations]
+    if not signals or any(s is None or not s < NOISE_THRESHOLD for s in signals):
+        return None
+    shown = ", ".join(f"{s:.2f}" for s in signals)
+    return (f"warning: the search is noise-dominated: the signal fraction stayed below {NOISE_THRESHOLD} in the "
+            f"first {generations} generation(s) ({shown}), so the members' fitness differences are mostly seed "
+            "noise and the best member is mostly luck. Levers: more fitness.num_seeds (divides the seed noise), "
+            "a larger es.std_init (members further apart differ more), a larger es.popsize (more members per "
+            "update); docs/signal.md")

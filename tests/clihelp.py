@@ -15,7 +15,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 # The first flag stopped XLA's CPU scheduler deadlocking small vmapped programs on jax 0.10 (docs/performance.md,
 # "Which jax"); harmless on the jax we pin, kept as a second guard beside pytest-timeout. The second
 # compiles every program of the suite at the level metarl's own programs use on CPU
-# (``metarl.devices.CPU_COMPILER_OPTIONS``), which about halves compile time, most of the suite's.
+# (``metarl.compilation.CPU_COMPILER_OPTIONS``), which about halves compile time, most of the suite's.
 # Tests of that path itself take it out (``without_opt_level_flag``).
 CPU_OPT_LEVEL_FLAG = "--xla_backend_optimization_level=1"
 TEST_XLA_FLAGS = f"--xla_cpu_enable_concurrency_optimized_scheduler=false {CPU_OPT_LEVEL_FLAG}"

@@ -262,27 +262,27 @@ def test_two_auto_runs_at_once_both_finish(tmp_path):
 
 
 def test_shared_executables_beyond_the_newest_are_evicted(tmp_path):
-    from metarl import devices
+    from metarl import compilation
 
-    for i in range(devices.SHARED_CACHE_KEEP + 3):
+    for i in range(compilation.SHARED_CACHE_KEEP + 3):
         entry = tmp_path / f"metarl-multiprocess-{i:02d}"
         entry.write_bytes(b"x")
         os.utime(entry, (1_000_000 + i, 1_000_000 + i))
     (tmp_path / "metarl-multiprocess-99.123.tmp").write_bytes(b"being written")
     (tmp_path / "jax-cache-entry").write_bytes(b"JAX's own")
-    devices._evict_old_shared(tmp_path)
+    compilation._evict_old_shared(tmp_path)
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == sorted([f"metarl-multiprocess-{i:02d}" for i in range(3, devices.SHARED_CACHE_KEEP + 3)]
+    assert left == sorted([f"metarl-multiprocess-{i:02d}" for i in range(3, compilation.SHARED_CACHE_KEEP + 3)]
                           + ["metarl-multiprocess-99.123.tmp", "jax-cache-entry"])
 
 
 def test_metarl_compiles_at_its_own_level_unless_xla_flags_sets_one(monkeypatch):
-    from metarl import devices
+    from metarl import compilation
 
     monkeypatch.setenv("XLA_FLAGS", without_opt_level_flag())
-    assert devices.compiler_options() == devices.CPU_COMPILER_OPTIONS == {"xla_backend_optimization_level": 1}
+    assert compilation.compiler_options() == compilation.CPU_COMPILER_OPTIONS == {"xla_backend_optimization_level": 1}
     program = jax.jit(lambda x: jnp.tanh(x) @ x.T)
     x = jnp.arange(12.0).reshape(3, 4) / 10
-    np.testing.assert_allclose(devices.compile_program(program, x)(x), program(x), rtol=1e-6)
+    np.testing.assert_allclose(compilation.compile_program(program, x)(x), program(x), rtol=1e-6)
     monkeypatch.setenv("XLA_FLAGS", without_opt_level_flag() + " --xla_backend_optimization_level=2")
-    assert devices.compiler_options() == {}
+    assert compilation.compiler_options() == {}

@@ -12,9 +12,10 @@ import sympy
 from clihelp import TINY, evolve
 from test_inspect import check_image
 
-from metarl import distill, evaluate, inspect, plugins, results
+from metarl import distill, evaluate, inspect, results
+from metarl.inner_loops import plugins
 from metarl.config import ConfigError
-from metarl.evolve import check_run
+from metarl.job import check_run
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, VALUE_LOSS_INPUTS, FormulaDrift,
                                            FormulaValueLoss, Progress, parse_formula)
 from metarl.inner_loops.ppo import PPOConfig

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import jax
 
-from metarl import plugins
-from metarl.config import ConfigError
+from metarl.inner_loops import plugins
+from metarl.inner_loops.plugins import ConfigError
 
 _REGISTRY: dict[str, str | Callable[..., Any]] = {}
 _BUILT: dict = {}

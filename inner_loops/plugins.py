@@ -14,9 +14,11 @@ import importlib
 import inspect
 from typing import Any
 
-from metarl.config import ConfigError
-
 TARGET = "_target_"
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line naming the field."""
 
 
 def locate(path: Any, field: str) -> Any:

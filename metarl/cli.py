@@ -1,0 +1,62 @@
+"""What metarl's commands share: the bad-input exit, and the checks of an experiment's command line
+and of the run directory it names (reading only)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from metarl import config as config_lib
+from metarl.config import CONFIG_FILE
+
+EXIT_BAD_INPUT = 2
+FIGURES = "figures"  # RUN_DIR/figures: where inspect, evaluate, distill and a logged run write figures
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT):
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def missing_experiment(experiments_dir):
+    """Exit: no ``experiment=`` given; names the experiments (with those of ``experiments_dir``, checked)."""
+    fail("experiment: missing; allowed: experiment=" + "|".join(config_lib.available_experiments(experiments_dir))
+         + " (or resume=RUN_DIR)")
+
+
+def refuse_chdir(composed) -> None:
+    if composed.hydra.job.chdir:
+        fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "
+             "started in)")
+
+
+def _read_saved(run_dir: Path, field: str) -> dict:
+    try:
+        return config_lib.read_saved(run_dir)
+    except config_lib.ConfigError as err:
+        fail(f"{field}: {err}")
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` has anything in it besides what is there before a run starts: the lock file,
+    and what Hydra may write into a sweep job's directory first (``.hydra/``, the job's ``.log``)."""
+    return run_dir.is_dir() and any(not (p.name.startswith(".") or p.name.endswith(".log"))
+                                    for p in run_dir.iterdir())
+
+
+def check_existing(cfg, run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses one of another
+    config, or a directory that is not a run's."""
+    if not holds_a_run(run_dir):
+        return False
+    if not (run_dir / CONFIG_FILE).exists():
+        fail(f"run_dir: {run_dir} exists and is not a metarl run directory; allowed: a new or empty "
+             "directory, or one of an earlier run of this config")
+    _refuse_search_change(_read_saved(run_dir, "run_dir"), cfg, run_dir)
+    return True
+
+
+def _refuse_search_change(saved: dict, cfg, run_dir: Path):
+    diffs = config_lib.search_differences(saved, cfg.to_dict())
+    if diffs:
+        fail(f"run_dir: {run_dir} holds a run whose search differs ({'; '.join(diffs)}); allowed: the same "
+             "settings (es.generations, logger.*, checkpoint.* and devices.* may change), or a new run_dir")

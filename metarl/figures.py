@@ -1,0 +1,199 @@
+"""The figures of a run (``python -m metarl.inspect`` lists them), written to RUN_DIR/figures/ by
+that command and by the run itself when it logs to a tracker."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from metarl import checkpoints, plots, results, scores, tasks
+from metarl.cli import FIGURES
+from metarl.inner_loops.components import CLIPPED_SURROGATE, TEMPORAL_INPUTS, Progress, apply_component
+from metarl.inner_loops.trainer import num_updates
+from metarl.outer_loops.evolution import NOISE_THRESHOLD, search_std
+
+
+def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
+    history = results.history(run_dir)
+    if not history:
+        print(f"note: {run_dir} has no finished generation yet; no fitness plot", file=sys.stderr)
+        return []
+    names = list(history[-1].get("tasks", {}))
+    where = tasks.task_specs(cfg)[0].name if len(names) <= 1 else f"{len(names)} tasks"
+    title = f"{cfg.experiment} on {where}: {len(history)}/{cfg.es.generations} generations, popsize {cfg.es.popsize}"
+    paths = [plots.save(plots.fitness_figure(history, title, paired=cfg.fitness.control == "paired"), out / "fitness.png")]
+    if any("signal_between" in r for r in history):
+        note = f"{title}; {cfg.fitness.num_seeds} seeds per member"
+        paths.append(plots.save(plots.signal_figure(history, NOISE_THRESHOLD, note), out / "signal.png"))
+    if len(names) > 1:
+        paths.append(plots.save(plots.task_fitness_figure(history, names), out / "fitness_tasks.png"))
+    return paths
+
+
+def _best_or_none(run_dir: Path, task):
+    try:
+        return checkpoints.read_best(run_dir, task.template)
+    except checkpoints.CheckpointError:
+        return None, None
+
+
+def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
+    comp = task.component
+    fixed = f"best meta-parameters of generation {info.get('generation')} (fitness {info.get('fitness', float('nan')):.4g})"
+    # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
+    extra = [i for i in getattr(comp, "inputs", ("error",)) if i not in ("error", *TEMPORAL_INPUTS)]
+    progress_of = _progress_at(task)
+
+    def loss_at(value, old_error, target, fraction=0.0):
+        return apply_component(comp, progress_of(fraction), meta, value, target + old_error, target,
+                               task.inner_config)
+
+    # Gradient w.r.t. the prediction only: target and the old prediction are data.
+    grad_fn = jax.vmap(jax.grad(loss_at))
+    errors = jnp.linspace(-error_range, error_range, 401)
+    zeros = jnp.zeros_like(errors)
+    loss = np.asarray(jax.vmap(loss_at)(errors, zeros, zeros))
+    grad = np.asarray(grad_fn(errors, zeros, zeros))
+    note = fixed + (f"; {', '.join(extra)} fixed at 0" if extra else "") + (
+        "; at the start of training" if getattr(comp, "temporal", False) else "")
+    paths = [plots.save(plots.value_loss_figure(np.asarray(errors), loss, grad, note), out / "value_loss.png")]
+    if getattr(comp, "temporal", False):
+        losses = {f: np.asarray(jax.vmap(lambda e, f=f: loss_at(e, 0.0, 0.0, f))(errors)) for f in PROGRESS_POINTS}
+        grads = {f: np.asarray(jax.vmap(jax.grad(lambda e, f=f: loss_at(e, 0.0, 0.0, f)))(errors))
+                 for f in PROGRESS_POINTS}
+        fig = plots.value_loss_progress_figure(np.asarray(errors), losses, grads, fixed + progress_of.note)
+        paths.append(plots.save(fig, out / "value_loss_progress.png"))
+
+    errors = jnp.linspace(-error_range, error_range, 121)
+    for name in extra:
+        span = 4 * error_range if name == "target" else error_range
+        other = jnp.linspace(-span, span, 81)
+        e, o = (x.ravel() for x in jnp.meshgrid(errors, other))
+        zeros = jnp.zeros_like(e)
+        # (value, old_error, target) with value = target + error
+        args = (o + e, zeros, o) if name == "target" else (e, o, zeros)
+        z = np.asarray(jax.vmap(loss_at)(*args)).reshape(len(other), len(errors))
+        g = np.asarray(grad_fn(*args)).reshape(len(other), len(errors))
+        rest = [i for i in extra if i != name]
+        note_h = fixed + (f"; {', '.join(rest)} fixed at 0" if rest else "")
+        fig = plots.value_loss_heatmap_figure(np.asarray(errors), np.asarray(other), z, g, name, note_h)
+        paths.append(plots.save(fig, out / f"value_loss_{name}.png"))
+    return paths
+
+
+def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
+    config = task.inner_config
+    ratios = jnp.linspace(0.5, 1.5, 101)
+    advantages = jnp.linspace(-2.0, 2.0, 81)
+    r, a = jnp.meshgrid(ratios, advantages)
+    ppo_drift = np.asarray(r * a - CLIPPED_SURROGATE.apply({}, r, a, config))
+    progress_of = _progress_at(task)
+    temporal = getattr(task.component, "temporal", False)
+    paths = []
+    # A temporal drift is drawn at several points of training; a plain one once.
+    for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
+        progress = progress_of(fraction) if temporal else None
+        # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
+        drift = np.asarray(r * a - apply_component(task.component, progress, meta, r, a, config))
+        fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
+                                            float(config.clip_eps))
+        if temporal:
+            fig.suptitle(f"training progress {fraction:.0%}" + progress_of.note, fontsize=9)
+        name = f"policy_objective_progress{int(round(fraction * 100)):03d}.png" if temporal else "policy_objective.png"
+        paths.append(plots.save(fig, out / name))
+    return paths
+
+
+PROGRESS_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def _progress_at(task):
+    """``fraction -> Progress`` on the first task's horizon (its number of updates), with a note."""
+    updates = num_updates(task.inner_config)
+
+    def progress_of(fraction):
+        return Progress(jnp.float32(fraction), jnp.float32(np.log(updates)))
+
+    progress_of.note = f"; horizon {updates} updates ({task.specs[0].name})"
+    return progress_of
+
+
+def search_trajectory(run_dir: Path, cfg, task):
+    """Decoded search mean and mean -+ std per kept checkpoint, generation 0 from the config's start.
+
+    Returns (generations, means, lows, highs); lows/highs are None when the strategy keeps no
+    per-dimension std. Only kept checkpoints are seen (``checkpoint.keep``), so the curve is sparse.
+    """
+    stack = lambda seq: {n: np.array([float(d[n]) for d in seq]) for n in task.component.names}
+    records = [r for r in results.history(run_dir) if "search" in r]
+    if records:  # runs log the decoded search distribution every generation
+        gens = [r["generation"] for r in records]
+        return (gens, stack([r["search"]["mean"] for r in records]), stack([r["search"]["low"] for r in records]),
+                stack([r["search"]["high"] for r in records]))
+
+    _, evo = scores.build_evolution(cfg, task=task, mesh=None)
+    init_state = evo.init(jax.random.key(cfg.seed))
+    _, unravel = ravel_pytree(task.template)
+    ckpt = checkpoints.Checkpointer(run_dir, write=False)
+    try:
+        steps = sorted(ckpt.manager.all_steps())
+        states = [(0, init_state)] + [(s, ckpt.restore(init_state, s)[0]) for s in steps]
+    finally:
+        ckpt.close()
+    gens, means, lows, highs = [], [], [], []
+    with_std = True
+    for step, state in states:
+        es_state = state.es_state
+        flat_mean, _ = ravel_pytree(evo.es.get_mean(es_state))
+        std = search_std(es_state, flat_mean.shape) if hasattr(es_state, "std") else None
+        gens.append(step)
+        means.append(task.component.decode(unravel(flat_mean)))
+        if std is None:
+            with_std = False
+        else:
+            lows.append(task.component.decode(unravel(flat_mean - std)))
+            highs.append(task.component.decode(unravel(flat_mean + std)))
+    return gens, stack(means), (stack(lows) if with_std else None), (stack(highs) if with_std else None)
+
+
+def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, error_range: float) -> list[Path]:
+    comp = task.component
+    bounds = {n: (comp.low[i], comp.high[i]) for i, n in enumerate(comp.names)}
+    log = {n: comp.log[i] for i, n in enumerate(comp.names)}
+    best_values = {k: float(v) for k, v in comp.decode(best).items()} if best is not None else None
+    best_gen = info.get("generation") if info else None
+    try:
+        gens, means, lows, highs = search_trajectory(run_dir, cfg, task)
+        note = "search mean and mean -+ std (per generation; per kept checkpoint for older runs); star: exported best"
+    except (checkpoints.CheckpointError, ValueError, KeyError, TypeError) as err:
+        if best_values is None:
+            print(f"note: no readable checkpoint and no exported best in {run_dir}; no hyperparameter plot "
+                  f"({type(err).__name__})", file=sys.stderr)
+            return []
+        print(f"note: checkpoints unreadable ({err}); plotting the exported best only", file=sys.stderr)
+        gens, means, lows, highs = [best_gen or 0], {k: [v] for k, v in best_values.items()}, None, None
+        note = "checkpoints unreadable: exported best only"
+    fig = plots.hyperparams_figure(gens, means, lows, highs, bounds, log, best_values,
+                                   best_gen, note)
+    return [plots.save(fig, out / "hyperparams.png")]
+
+
+def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple | None = None) -> list[Path]:
+    """Write every figure that applies to ``run_dir`` into ``run_dir/figures``; returns their paths:
+    the fitness figures, then the run's kind's own (``metarl.kinds.Kind.plot``). ``loaded``: the run's
+    ``(config, task)`` when the caller has them (``results.load_run``, whose ``CheckpointError`` or
+    ``ConfigError`` otherwise comes through)."""
+    run_dir = Path(run_dir)
+    cfg, task = loaded or results.load_run(run_dir)
+    out = run_dir / FIGURES
+    paths = fitness_plot(run_dir, cfg, out)
+    meta, info = _best_or_none(run_dir, task)
+    if meta is None and task.kind.seam is not None:
+        print(f"note: {run_dir} has exported no best meta-parameters yet; no component plot", file=sys.stderr)
+    elif task.kind.plot is not None:  # a search without a seam plots its trajectory, best or not
+        paths += task.kind.figures(run_dir, cfg, task, meta, info, out, error_range)
+    return paths

@@ -1,0 +1,19 @@
+"""Every use of JAX's private modules (``jax._src``) in metarl, each behind one function, for want
+of a public API."""
+from __future__ import annotations
+
+from jax._src import distributed
+from jax._src.lib import xla_client
+
+
+def coordination_client():
+    """The coordination service's client of a multi-process run: its key-value store and barriers
+    carry metarl's cross-process agreement and shared executables. JAX has no public accessor for
+    it (``jax.distributed`` exposes only initialize/shutdown)."""
+    return distributed.global_state.client
+
+
+def topology(devices) -> bytes:
+    """The serialized topology of ``devices`` (target, CPU features), which keys a shared executable.
+    JAX has no public API that describes the compilation target."""
+    return xla_client.get_topology_for_devices(devices).serialize()

@@ -1,0 +1,48 @@
+"""The import structure of metarl: no cycle between its modules, the layers inner_loops < outer_loops <
+the harness (the contracts in pyproject.toml's [tool.importlinter], checked by import-linter), and JAX's
+and Hydra's private modules used in one place each."""
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def installed_layout(dest: Path) -> Path:
+    """The package as it installs (pyproject's package-dir: the top-level folders become subpackages
+    of ``metarl``), copied into ``dest``, where import-linter analyses it."""
+    package_dir = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in sorted(package_dir.items()):
+        shutil.copytree(ROOT / folder, dest / package.replace(".", "/"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", dest)
+    return dest
+
+
+def test_no_import_cycles_and_the_layers_hold(tmp_path):
+    root = installed_layout(tmp_path)
+    # `lint-imports`, which puts the working directory, here the copy, first on sys.path.
+    code = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 kept, 0 broken" in proc.stdout
+
+
+def python_files():
+    return [p for folder in ("metarl", "inner_loops", "outer_loops") for p in (ROOT / folder).rglob("*.py")]
+
+
+def test_jax_private_modules_are_used_in_one_module():
+    users = sorted(p.relative_to(ROOT).as_posix() for p in python_files()
+                   if re.search(r"^\s*(from|import) jax\._src", p.read_text(), re.M))
+    assert users == ["metarl/jax_private.py"]
+
+
+def test_config_uses_no_private_hydra_module():
+    # The command line's path to a config (config.py, evolve.py) composes through Hydra's public API;
+    # only the sweep drives Hydra's sweeper and launcher itself.
+    for module in ("config.py", "evolve.py"):
+        assert "hydra._internal" not in (ROOT / "metarl" / module).read_text(), module
