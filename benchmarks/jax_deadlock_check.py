@@ -38,7 +38,7 @@ def child(args) -> None:
     """One training; one JSON line per phase, so the parent sees how far a hung run got."""
     import jax
 
-    from metarl.devices import compile_program
+    from metarl.compilation import compile_program
     from metarl.inner_loops.ppo import PPOConfig, make_train
 
     print(json.dumps({"jax": jax.__version__, "jaxlib": __import__("jaxlib").__version__}), flush=True)
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=float, default=1e4, help="frames per training")
     parser.add_argument("--xla-flags", default="", help="XLA_FLAGS for the children (default: none)")
     parser.add_argument("--compile", choices=("default", "metarl"), default="default",
-                        help="jax's default compiler options, or metarl's own (metarl.devices.compiler_options)")
+                        help="jax's default compiler options, or metarl's own (metarl.compilation.compiler_options)")
     parser.add_argument("--impl", choices=("metarl", "reference"), default="metarl",
                         help="metarl's PPO, or the PureJaxRL-style one in benchmarks/reference_ppo.py")
     parser.add_argument("--python", default=sys.executable, help="interpreter (and so jax) the children use")

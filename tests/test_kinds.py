@@ -7,7 +7,7 @@ import pytest
 from flax import struct
 
 from metarl import config as config_lib
-from metarl import evaluate, inspect, kinds, plots, results, runner
+from metarl import evaluate, figures, kinds, plots, results, runner
 from metarl.config import ConfigError
 from metarl.tasks import build_task, check_memory
 
@@ -91,7 +91,7 @@ def test_a_kind_added_by_one_registration_runs_end_to_end(step_scale_kind, tmp_p
     summary = runner.run(cfg, run_dir, mesh=None)
     assert summary["generations"] == 2
 
-    paths = inspect.inspect_run(run_dir)
+    paths = figures.write_figures(run_dir)
     assert run_dir / "figures" / "step_scale.png" in paths and (run_dir / "figures" / "step_scale.png").is_file()
 
     report = evaluate.evaluate(run_dir, num_seeds=2, num_processes=1)

@@ -13,7 +13,7 @@ from metarl import inspect
 from metarl.config import ConfigError, load, search_differences
 from metarl.outer_loops.evolution import (CONTROL_FIELDS, SIGNAL_FIELDS, ESConfig, Evolution, signal_stats,
                                           update_signal)
-from metarl.runner import NOISE_THRESHOLD, noise_warning
+from metarl.outer_loops.evolution import NOISE_THRESHOLD, noise_warning
 
 
 def test_signal_statistics_of_a_population_with_known_variances():
@@ -137,7 +137,7 @@ def test_a_run_with_the_baseline_as_control(tmp_path):
     assert proc.stdout.count("the search is noise-dominated") == int(noisy), proc.stdout
 
     from metarl.results import load_run
-    from metarl.runner import build_evolution
+    from metarl.scores import build_evolution
 
     cfg, task = load_run(run_dir)
     _, evo = build_evolution(cfg, task=task, mesh=None)
