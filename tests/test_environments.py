@@ -148,3 +148,22 @@ def test_ppo_trains_on_the_brax_and_xland_minigrid_adapters(env, kwargs, obs_dim
         assert np.all((returns >= 1) & (returns <= 8)), returns
     else:  # 1 - 0.9 * steps / max_steps at the goal, else 0
         assert np.all((returns >= 0) & (returns < 1)), returns
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_evaluate_reports_the_brax_and_grid_suite_tasks(tmp_path):
+    """`metarl.evaluate` on a tiny CartPole run, held out on a Brax and an XLand-MiniGrid task (slow: PPO
+    compiles for each task and side, about 20-40 s each on 2 cores)."""
+    from metarl import evaluate
+
+    evolve(["experiment=value_loss", *TINY, "es.generations=1", "run_dir=run"], cwd=tmp_path, check=True)
+    held_out = [{"env": {"_target_": "Brax", "env_name": "inverted_pendulum", "max_steps_in_episode": 8},
+                 "name": "brax"},
+                {"env": {"_target_": "XMiniGrid", "env_id": "MiniGrid-Empty-5x5", "max_steps": 8}, "name": "grid"}]
+    report = evaluate.evaluate(tmp_path / "run", num_seeds=2, num_processes=1, tasks=held_out)
+    rows = {row["task"]: row for row in report["tasks"]}
+    assert set(rows) == {"brax", "grid"}
+    for row in rows.values():
+        assert sorted(label.split()[0] for label in row["sides"]) == ["baseline:", "learned"]
+        assert all(np.isfinite(side["mean"]) for side in row["sides"].values())
