@@ -1,14 +1,17 @@
-"""benchmarks/jax_deadlock_check.py at its smallest: one run of one tiny training, and its JSON."""
+"""benchmarks/jax_deadlock_check.py at its smallest: one run of one tiny training, and its JSON (slow: a
+fresh process compiles PPO)."""
 import json
 import os
 import subprocess
 import sys
 
 import jax
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_one_run_reports_this_jax_and_a_finished_run():
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "jax_deadlock_check.py"), "--runs", "1",
