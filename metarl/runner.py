@@ -16,7 +16,7 @@ from metarl.config import RunConfig
 from metarl.launch import STOP_SIGNALS, ignored
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task, build_task
-from metarl.outer_loops.evolution import NOISE_GENERATIONS, NOISE_THRESHOLD, SIGNAL_FIELDS, Evolution, noise_warning  # noqa: F401 (part of this module's API)
+from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
 
 
 class Interrupted(Exception):
