@@ -443,11 +443,11 @@ def save(cfg: RunConfig, run_dir: Path) -> None:
     """Write ``RUN_DIR/config.yaml`` whole or not at all (a rename over the old one)."""
     from omegaconf import OmegaConf
 
+    from metarl.checkpoints import atomic_write  # with JAX: only a run, which has loaded it, saves its config
+
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / (CONFIG_FILE + ".tmp")
-    OmegaConf.save(OmegaConf.create(cfg.to_dict()), tmp)
-    os.replace(tmp, run_dir / CONFIG_FILE)
+    atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(cfg.to_dict())))
 
 
 def read_saved(run_dir) -> dict:
