@@ -2,6 +2,7 @@
 shared by every process of a multi-process CPU run."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import zlib
@@ -28,13 +29,9 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-# XLA's CPU backend at LLVM optimisation level 1 rather than its default. Measured on a 2-core CPU
-# (jax 0.9.2, one process, each program compiled both ways and run alternately): compile time about
-# halves for every trainer here (PPO CartPole 32 agents 12.2 -> 6.1 s, PPO MinAtar 14.9 -> 8.3 s,
-# DQN 9.9 -> 4.6 s, Q-learning 2.9 -> 1.5 s) and the programs run as fast or faster (0.82-0.98 of
-# the time). Results are not the default level's: rounding differs in the last bits and training
-# compounds it, as with any change of compiler options; a run, its resumption and its processes all
-# use the same options.
+# XLA's CPU backend at LLVM optimisation level 1 rather than its default: compile time about halves
+# and the programs run as fast or faster (measured in docs/experiments.md). Rounding differs from the
+# default level's; a run, its resumption and its processes all use the same options.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
@@ -56,51 +53,52 @@ def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
 
     In a multi-process CPU run process 0 compiles and hands the executable to the others through the
     coordination service. JAX's persistent cache cannot do this on CPU: its key includes the process
-    index and only process 0 writes entries, so every other process compiled from scratch on every
-    run, on its one pinned core. Process 0 keeps the shared executable in the compilation cache
-    directory too (``_shared_cache_path``), so a repeated run loads it instead of compiling."""
+    index and only process 0 writes entries, so every other process would compile from scratch on its
+    one pinned core. Process 0 keeps the shared executable in the compilation cache directory too
+    (``_shared_cache_path``), so a repeated run loads it instead of compiling."""
     lowered = jitted.lower(*args)
     options = compiler_options()
     if jax.process_count() == 1 or jax.devices()[0].platform != "cpu":  # JAX's cache serves accelerators
         return lowered.compile(options)
+
+    def load(payload: bytes):
+        return serialize_executable.deserialize_and_load(zlib.decompress(payload), lowered.in_tree, lowered.out_tree,
+                                                         execution_devices=jax.devices())
+
     # The program's fingerprint travels with it: processes that traced different programs (a bug)
     # fail here instead of running another process's executable.
     digest = hashlib.sha256(lowered.as_text().encode()).digest()
     key, client = f"metarl/executable/{name}", jax_private.coordination_client()
-    if jax.process_index() == 0:
-        path = _shared_cache_path(digest, options)
-        payload = path.read_bytes() if path is not None and path.is_file() else None
-        compiled = None
-        if payload is not None:
-            try:
-                compiled = serialize_executable.deserialize_and_load(zlib.decompress(payload), lowered.in_tree,
-                                                                     lowered.out_tree, execution_devices=jax.devices())
-                _touch(path)  # used: the last to be evicted
-            except Exception:  # a stale or damaged entry: compile again
-                payload = None
-        if payload is None:
-            # An executable that JAX's own cache hands back cannot be serialized again: compile anew.
-            was = jax.config.jax_enable_compilation_cache
-            jax.config.update("jax_enable_compilation_cache", False)
-            try:
-                compiled = lowered.compile(options)
-            finally:
-                jax.config.update("jax_enable_compilation_cache", was)
-            payload = zlib.compress(serialize_executable.serialize(compiled)[0], 1)  # a fifth of the size
-            if path is not None:
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    atomic_write(path, payload)
-                except OSError:  # a cache that cannot be written costs a compilation next time, nothing else
-                    pass
-                _evict_old_shared(path.parent)
-        _send(client, key, digest + payload)
-        return compiled
-    message = _receive(client, key, timeout_s)
-    if message[:len(digest)] != digest:
-        raise RuntimeError(f"process {jax.process_index()} traced another program than process 0")
-    return serialize_executable.deserialize_and_load(zlib.decompress(message[len(digest):]), lowered.in_tree,
-                                                     lowered.out_tree, execution_devices=jax.devices())
+    if jax.process_index() != 0:
+        message = _receive(client, key, timeout_s)
+        if message[:len(digest)] != digest:
+            raise RuntimeError(f"process {jax.process_index()} traced another program than process 0")
+        return load(message[len(digest):])
+    path, compiled = _shared_cache_path(digest, options), None
+    if path is not None and path.is_file():
+        try:
+            payload = path.read_bytes()
+            compiled = load(payload)
+            with contextlib.suppress(OSError):
+                os.utime(path)  # used: the last to be evicted
+        except Exception:  # a stale or damaged entry: compile again
+            compiled = None
+    if compiled is None:
+        # An executable that JAX's own cache hands back cannot be serialized again: compile anew.
+        was = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        try:
+            compiled = lowered.compile(options)
+        finally:
+            jax.config.update("jax_enable_compilation_cache", was)
+        payload = zlib.compress(serialize_executable.serialize(compiled)[0], 1)  # a fifth of the size
+        if path is not None:
+            with contextlib.suppress(OSError):  # a cache that cannot be written costs a compilation next time
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, payload)
+            _evict_old_shared(path.parent)
+    _send(client, key, digest + payload)
+    return compiled
 
 
 _CHUNK = 1 << 20  # the coordination service's messages stay well under gRPC's 4 MiB default limit
@@ -136,23 +134,12 @@ def _shared_cache_path(digest: bytes, options: dict):
 SHARED_CACHE_KEEP = 16  # multi-process executables kept (about 1-2 MB each), the most recently used
 
 
-def _touch(path) -> None:
-    try:
-        os.utime(path)
-    except OSError:
-        pass
-
-
 def _evict_old_shared(cache_dir, keep: int = SHARED_CACHE_KEEP) -> None:
     """Remove all but the ``keep`` most recently used multi-process executables from ``cache_dir``."""
     entries = []
     for entry in Path(cache_dir).glob("metarl-multiprocess-*"):
-        try:
-            if not entry.name.endswith(".tmp"):
+        if not entry.name.endswith(".tmp"):
+            with contextlib.suppress(OSError):  # removed meanwhile by another run
                 entries.append((entry.stat().st_mtime, entry))
-        except OSError:  # removed meanwhile by another run
-            pass
     for _, entry in sorted(entries, reverse=True)[keep:]:
         entry.unlink(missing_ok=True)
-
-

@@ -18,6 +18,11 @@ from metarl.outer_loops.es_config import ESConfig
 from metarl.inner_loops.plugins import ConfigError
 
 EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
+CONFIG_FILE = "config.yaml"   # a run directory's resolved config: what resume, inspect and evaluate read
+INT32_MAX = 2**31 - 1
+SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
+# Settings that do not change what the search computes; a resumed run may change these.
+RESUMABLE_FIELDS = ("run_dir", "experiments_dir", "eval_tasks", "es.generations", "checkpoint", "logger", "devices")
 
 
 def available_experiments(experiments_dir: Optional[str] = None) -> list[str]:
@@ -39,32 +44,32 @@ def check_experiments_dir(experiments_dir: Optional[str]) -> Optional[str]:
 
 # --- the schema ----------------------------------------------------------------------------------
 
+def _choice(*allowed: str):
+    """A setting with a fixed set of values, the first its default; ``build`` refuses any other."""
+    return dataclasses.field(default=allowed[0], metadata={"allowed": allowed})
+
+
 @dataclasses.dataclass(frozen=True)
 class ESSection(ESConfig):
-    """The ``es`` section: the evolution driver's own settings (``ESConfig``: strategy, popsize,
-    std_init, lr, ...), which it is handed as they are, plus two of the run's: how many generations
-    to run, and where the search starts (``zeros``, or ``init``: the component's own initialisation)."""
+    """The ``es`` section: the evolution driver's own settings (``ESConfig``), handed to it as they
+    are, plus how many generations to run and where the search starts (the component's ``init``)."""
 
     generations: int = 30
-    init_mean: str = "zeros"
+    init_mean: str = _choice("zeros", "init")
 
 
 @dataclasses.dataclass(frozen=True)
 class FitnessSection:
     num_seeds: int = 2
-    statistic: str = "final"
+    statistic: str = _choice("final", "auc")
     window: float = 0.2
     nonfinite_floor: Optional[float] = None
-    # How each task's return becomes a score: "baseline" maps the hand-designed baseline's return on
-    # the task to 1 and a random policy's to 0; "none" keeps raw returns. null: baseline with several
+    # How each task's return becomes a score (docs/experiments.md); null: baseline with several
     # tasks, none with one.
     normalize: Optional[str] = None
-    aggregate: str = "mean"          # over tasks: mean, median or min
-    # A control trained beside the members on the same seeds in every generation: "none"; "baseline":
-    # the hand-designed baseline, recorded beside the population; "paired": also ranks each member by
-    # its fitness minus the control's on the same seeds (docs/signal.md).
-    control: str = "none"
-    reference_seeds: int = 32   # seeds of the reference returns normalize=baseline scores against (docs/experiments.md)
+    aggregate: str = _choice("mean", "median", "min")   # over tasks
+    control: str = _choice("none", "baseline", "paired")   # docs/signal.md
+    reference_seeds: int = 32   # seeds of the reference returns normalize=baseline scores against
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +80,7 @@ class CheckpointSection:
 
 @dataclasses.dataclass(frozen=True)
 class WandbSection:
-    mode: str = "disabled"
+    mode: str = _choice("disabled", "offline", "online")
     project: str = "metarl"
     entity: Optional[str] = None
     group: Optional[str] = None   # runs of one sweep share a group; null: the run stands alone
@@ -84,7 +89,7 @@ class WandbSection:
 
 @dataclasses.dataclass(frozen=True)
 class MlflowSection:
-    mode: str = "disabled"
+    mode: str = _choice("disabled", "enabled")
     # A folder: a local store in it (mlflow.db and artifacts/); or MLflow's own URI (http://HOST:PORT, sqlite:///...).
     tracking_uri: str = "mlruns"
     experiment: Optional[str] = None   # null: the run's `experiment`
@@ -127,20 +132,6 @@ class RunConfig:
     def to_dict(self) -> dict:
         """Plain data, keyed as in the config files (the form ``config.yaml`` stores)."""
         return to_dict(self)
-
-
-STATISTICS = ("final", "auc")
-INT32_MAX = 2**31 - 1
-SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
-NORMALIZATIONS = ("baseline", "none")
-CONTROLS = ("none", "baseline", "paired")
-AGGREGATES = ("mean", "median", "min")
-INIT_MEANS = ("zeros", "init")
-WANDB_MODES = ("disabled", "offline", "online")
-MLFLOW_MODES = ("disabled", "enabled")
-
-# Settings that do not change what the search computes; a resumed run may change these.
-RESUMABLE_FIELDS = ("run_dir", "experiments_dir", "eval_tasks", "es.generations", "checkpoint", "logger", "devices")
 
 
 # --- building and checking -------------------------------------------------------------------------
@@ -193,13 +184,19 @@ def _key(field: dataclasses.Field) -> str:
 
 
 def build(cls, data: dict, prefix: str = ""):
-    """Build dataclass ``cls`` from a plain dict, refusing unknown keys and wrong types."""
+    """Build dataclass ``cls`` from a plain dict, refusing unknown keys, wrong types and values outside
+    a ``_choice``."""
     hints = typing.get_type_hints(cls)
-    fields = {_key(f): f.name for f in dataclasses.fields(cls)}
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown setting; allowed: {', '.join(fields)}")
-    kwargs = {fields[k]: _coerce(v, hints[fields[k]], prefix + k) for k, v in data.items()}
+    fields = {_key(f): f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"{prefix}{key}: unknown setting; allowed: {', '.join(fields)}")
+        field = fields[key]
+        kwargs[field.name] = value = _coerce(value, hints[field.name], prefix + key)
+        allowed = field.metadata.get("allowed")
+        if allowed and value not in allowed:
+            raise ConfigError(f"{prefix}{key}: {value!r}; allowed: {', '.join(allowed)}")
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field is missing
@@ -217,39 +214,32 @@ def to_dict(value):
     return value
 
 
-def _check_positive(path, value):
-    if value <= 0:
-        raise ConfigError(f"{path}: {value!r}; allowed: > 0")
-
-
 def validate(cfg: RunConfig) -> RunConfig:
     """Checks that need no trainer: the trainer's own fields are checked when the task is built."""
     if not cfg.experiment:
         raise ConfigError("experiment: empty; allowed: the name of an experiment")
-    _check_positive("es.generations", cfg.es.generations)
-    _check_positive("fitness.num_seeds", cfg.fitness.num_seeds)
+    for path, value in (("es.generations", cfg.es.generations), ("fitness.num_seeds", cfg.fitness.num_seeds),
+                        ("checkpoint.every", cfg.checkpoint.every), ("checkpoint.keep", cfg.checkpoint.keep)):
+        if value <= 0:
+            raise ConfigError(f"{path}: {value!r}; allowed: > 0")
     if cfg.fitness.reference_seeds < 2:
         raise ConfigError(f"fitness.reference_seeds: {cfg.fitness.reference_seeds}; allowed: an integer >= 2")
-    if cfg.fitness.statistic not in STATISTICS:
-        raise ConfigError(f"fitness.statistic: {cfg.fitness.statistic!r}; allowed: {', '.join(STATISTICS)}")
-    if cfg.fitness.normalize is not None and cfg.fitness.normalize not in NORMALIZATIONS:
-        raise ConfigError(f"fitness.normalize: {cfg.fitness.normalize!r}; allowed: {', '.join(NORMALIZATIONS)} "
+    if cfg.fitness.normalize not in (None, "baseline", "none"):
+        raise ConfigError(f"fitness.normalize: {cfg.fitness.normalize!r}; allowed: baseline, none "
                           "or null (baseline with several tasks, none with one)")
-    if cfg.fitness.aggregate not in AGGREGATES:
-        raise ConfigError(f"fitness.aggregate: {cfg.fitness.aggregate!r}; allowed: {', '.join(AGGREGATES)}")
-    if cfg.fitness.control not in CONTROLS:
-        raise ConfigError(f"fitness.control: {cfg.fitness.control!r}; allowed: {', '.join(CONTROLS)}")
     if not 0.0 < cfg.fitness.window <= 1.0:
         raise ConfigError(f"fitness.window: {cfg.fitness.window!r}; allowed: a fraction in (0, 1]")
-    if cfg.es.init_mean not in INIT_MEANS:
-        raise ConfigError(f"es.init_mean: {cfg.es.init_mean!r}; allowed: {', '.join(INIT_MEANS)}")
-    _check_positive("checkpoint.every", cfg.checkpoint.every)
-    _check_positive("checkpoint.keep", cfg.checkpoint.keep)
-    if cfg.logger.wandb.mode not in WANDB_MODES:
-        raise ConfigError(f"logger.wandb.mode: {cfg.logger.wandb.mode!r}; allowed: {', '.join(WANDB_MODES)}")
     if any(not isinstance(tag, str) or not tag for tag in cfg.logger.wandb.tags):
         raise ConfigError(f"logger.wandb.tags: {cfg.logger.wandb.tags!r}; allowed: a list of non-empty strings")
-    _validate_mlflow(cfg.logger.mlflow)
+    mlflow = cfg.logger.mlflow
+    if not mlflow.tracking_uri.strip():
+        raise ConfigError("logger.mlflow.tracking_uri: empty; allowed: a folder for a local store (mlruns), "
+                          "or an MLflow tracking URI such as http://HOST:PORT")
+    if mlflow.experiment is not None and not mlflow.experiment.strip():
+        raise ConfigError("logger.mlflow.experiment: empty; allowed: a name, or null (the run's experiment)")
+    if any(not isinstance(k, str) or not k or not isinstance(v, (str, int, float, bool)) for k, v in mlflow.tags.items()):
+        raise ConfigError(f"logger.mlflow.tags: {mlflow.tags!r}; allowed: a mapping of names to strings or "
+                          "numbers, such as {study: doors}")
     n = cfg.devices.num_processes
     if not (n == "auto" or (isinstance(n, int) and n > 0)):
         raise ConfigError(f"devices.num_processes: {n!r}; allowed: auto (one process per usable CPU core, or "
@@ -257,20 +247,6 @@ def validate(cfg: RunConfig) -> RunConfig:
     if not 0 <= cfg.seed <= SEED_MAX:
         raise ConfigError(f"seed: {cfg.seed}; allowed: an integer from 0 to {SEED_MAX}")
     return cfg
-
-
-def _validate_mlflow(section: MlflowSection) -> None:
-    if section.mode not in MLFLOW_MODES:
-        raise ConfigError(f"logger.mlflow.mode: {section.mode!r}; allowed: {', '.join(MLFLOW_MODES)}")
-    if not section.tracking_uri.strip():
-        raise ConfigError("logger.mlflow.tracking_uri: empty; allowed: a folder for a local store (mlruns), "
-                          "or an MLflow tracking URI such as http://HOST:PORT")
-    if section.experiment is not None and not section.experiment.strip():
-        raise ConfigError("logger.mlflow.experiment: empty; allowed: a name, or null (the run's experiment)")
-    for key, value in section.tags.items():
-        if not isinstance(key, str) or not key or not isinstance(value, (str, int, float, bool)):
-            raise ConfigError(f"logger.mlflow.tags: {section.tags!r}; allowed: a mapping of names to strings or "
-                              "numbers, such as {study: doors}")
 
 
 def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
@@ -289,6 +265,8 @@ def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
         raise ConfigError(f"{field}: {run_dir} cannot be written ({parent} is not writable); allowed: a "
                           "directory you can write to")
 
+
+# --- Hydra ---------------------------------------------------------------------------------------
 
 def override_key(override: str) -> str:
     """The key (or config group) an override sets: ``es.popsize`` for ``++es.popsize=8``."""
@@ -311,61 +289,33 @@ def parse_overrides(overrides: list[str]) -> list:
     parser = OverridesParser.create()
     parsed = []
     for override in overrides:
-        key = override_key(override) or override
         try:
             parsed.append(parser.parse_overrides([override])[0])
         except HydraException as err:
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(f"{key}: cannot read the override {override!r} ({reason}); allowed: KEY=VALUE "
-                              "with VALUE a number, a word, true/false, null or a list such as [64,64] "
-                              "(quoted in the shell)") from None
+            raise ConfigError(f"{override_key(override) or override}: cannot read the override {override!r} "
+                              f"({reason}); allowed: KEY=VALUE with VALUE a number, a word, true/false, null "
+                              "or a list such as [64,64] (quoted in the shell)") from None
     return parsed
-
-
-def hydra_overrides(overrides: list[str]) -> list[str]:
-    """The overrides as they are handed to Hydra: ``++key=value`` (add or override) for the run's keys,
-    so that any trainer field can be set (unknown keys are refused afterwards by ``build``, with the
-    allowed names); Hydra's own keys and groups, and overrides with their own prefix, as given."""
-    return [o if o.startswith(("+", "~")) or is_hydra_override(o) else "++" + o for o in overrides]
 
 
 @contextlib.contextmanager
 def hydra_context(experiments_dir: Optional[str] = None):
-    """Hydra initialised over the experiment folders (its public compose API), yielding Hydra's global
-    state: compose inside it. The user's ``experiments_dir`` (checked) is the primary folder, so its
-    files are found by name and can list the shipped ``base``, or any shipped experiment, in their
-    defaults; the shipped folder comes next (``search_path``)."""
+    """Hydra initialised over the experiment folders (its public compose API), yielding Hydra's
+    application object: compose inside it. The user's ``experiments_dir`` (checked) is the primary
+    folder, so its files are found by name and can list the shipped ``base``, or any shipped
+    experiment, in their defaults; the shipped folder comes next (``search_path``)."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(experiments_dir or EXPERIMENTS_DIR), version_base="1.3"):
-        yield GlobalHydra.instance()
+        yield GlobalHydra.instance().hydra
 
 
 def search_path(experiments_dir: Optional[str]) -> list[str]:
     """Hydra's override adding the shipped experiments after a user's folder (none without one)."""
     return [f"hydra.searchpath=[{EXPERIMENTS_DIR.as_uri()}]"] if experiments_dir else []
-
-
-def check_overrides(overrides: list[str], multirun: bool = False) -> list:
-    """Every override read and checked on its own before composing, so a bad one is named from the
-    start: malformed (``parse_overrides``), several values without ``-m``, or a config group option
-    that does not exist. Call inside ``hydra_context``. Returns Hydra's parsed overrides."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    parsed = parse_overrides(overrides)
-    loader = GlobalHydra.instance().config_loader()
-    for override in parsed:
-        key = override.key_or_group
-        if override.is_sweep_override() and not multirun:
-            raise ConfigError(f"{key}: {override.input_line!r} lists several values; allowed: one value, a list "
-                              "written [a,b], or -m to sweep over the values (one run each)")
-        if "/" in key and not override.is_sweep_override() and not override.is_delete():
-            options = loader.get_group_options(key)
-            if override.value() not in options:
-                raise ConfigError(f"{key}: unknown option {override.value()!r}; allowed: {', '.join(sorted(options))}")
-    return parsed
 
 
 def composition_error(err: Exception) -> ConfigError:
@@ -379,27 +329,45 @@ def composition_error(err: Exception) -> ConfigError:
     return ConfigError(f"{key}: {first}; allowed: {allowed}")
 
 
-def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None):
-    """Hydra's composition of ``<experiment>.yaml`` with ``overrides`` (the run's and Hydra's own): the
-    whole config as a DictConfig, Hydra's section included. Call inside ``hydra_context``;
-    ``experiments_dir`` is the checked folder it was made with."""
-    from hydra import compose as hydra_compose
+def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None, multirun: bool = False):
+    """Hydra's composition of ``<experiment>.yaml`` with ``overrides`` (the run's and Hydra's own), its
+    section included; ``multirun``: a sweep's, where ``key=a,b`` lists values to sweep. Call inside
+    ``hydra_context``; ``experiments_dir`` is the checked folder it was made with.
+
+    Every override is read and checked on its own first, so a bad one is named from the start:
+    malformed, several values without ``-m``, or a config group option that does not exist. The run's
+    keys go to Hydra as ``++key=value``, so that any trainer field can be set (``build`` refuses
+    unknown keys afterwards, with the allowed names)."""
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
+    from hydra.types import RunMode
     from omegaconf.errors import OmegaConfBaseException
 
-    check_experiment(experiment, experiments_dir)
-    check_overrides(overrides)
+    if experiment not in available_experiments(experiments_dir):
+        raise ConfigError(f"experiment: unknown experiment {experiment!r}; allowed: "
+                          f"{', '.join(available_experiments(experiments_dir))}")
+    app = GlobalHydra.instance().hydra
+    for override in parse_overrides(overrides):
+        key = override.key_or_group
+        if override.is_sweep_override() and not multirun:
+            raise ConfigError(f"{key}: {override.input_line!r} lists several values; allowed: one value, a list "
+                              "written [a,b], or -m to sweep over the values (one run each)")
+        if "/" in key and not override.is_sweep_override() and not override.is_delete():
+            options = app.config_loader.get_group_options(key)
+            if override.value() not in options:
+                raise ConfigError(f"{key}: unknown option {override.value()!r}; allowed: {', '.join(sorted(options))}")
     try:
-        return hydra_compose(experiment, [*hydra_overrides(overrides), *search_path(experiments_dir)],
-                             return_hydra_config=True)
+        return app.compose_config(experiment, [*hydra_overrides(overrides), *search_path(experiments_dir)],
+                                  run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN, from_shell=multirun,
+                                  with_log_configuration=False)
     except (HydraException, OmegaConfBaseException) as err:
         raise composition_error(err) from None
 
 
-def check_experiment(experiment: str, experiments_dir: Optional[str]) -> None:
-    if experiment not in available_experiments(experiments_dir):
-        raise ConfigError(f"experiment: unknown experiment {experiment!r}; allowed: "
-                          f"{', '.join(available_experiments(experiments_dir))}")
+def hydra_overrides(overrides: list[str]) -> list[str]:
+    """``++key=value`` (add or override) for the run's keys; Hydra's own keys and groups, and overrides
+    with their own prefix, as given."""
+    return [o if o.startswith(("+", "~")) or is_hydra_override(o) else "++" + o for o in overrides]
 
 
 def from_composed(composed, experiments_dir: Optional[str] = None) -> RunConfig:
@@ -436,8 +404,7 @@ def from_dict(data: dict) -> RunConfig:
     return validate(build(RunConfig, data))
 
 
-CONFIG_FILE = "config.yaml"   # a run directory's resolved config: what resume, inspect and evaluate read
-
+# --- a run directory's config.yaml --------------------------------------------------------------
 
 def save(cfg: RunConfig, run_dir: Path) -> None:
     """Write ``RUN_DIR/config.yaml`` whole or not at all (a rename over the old one)."""
@@ -486,13 +453,9 @@ def search_differences(saved: dict, new: dict) -> list[str]:
     """Settings that differ between two configs and change the search (``RESUMABLE_FIELDS`` excluded)."""
     a, b = flatten(saved), flatten(new)
     defaults = flatten(to_dict(RunConfig(experiment="")))
-
-    def resumable(key):
-        return any(key == f or key.startswith(f + ".") for f in RESUMABLE_FIELDS)
-
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if resumable(key):
+        if any(key == f or key.startswith(f + ".") for f in RESUMABLE_FIELDS):
             continue
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
         # A setting added to the schema after a run was saved is absent from its config.yaml; at its

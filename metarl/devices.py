@@ -1,9 +1,5 @@
-"""Devices: a mesh over every device for the population axis, multi-process start-up, and the
-processes' agreement. The host's cores and memory: ``metarl.hardware``; compiling: ``metarl.compilation``.
-
-One process drives every local device (several GPUs, or forced CPU devices); several processes
-(one per CPU core, or one per host) join through ``jax.distributed`` and the mesh then spans every
-device of every process. The evolution state is one global, fully replicated array: each process
+"""Devices (docs/devices.md): a mesh over every device for the population axis, multi-process start-up,
+and the processes' agreement. The evolution state is one global, fully replicated array: each process
 runs the same ask/tell on it, and the population's members are split over the devices.
 """
 from __future__ import annotations
@@ -23,10 +19,7 @@ AUTO = "auto"
 
 def population_mesh(popsize: int):
     """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device.
-
-    The population must divide over the devices: an uneven split would need padding members whose
-    results are dropped, which costs compute for nothing; we refuse it at start-up instead.
-    """
+    The population must divide over the devices: padding members would cost compute for nothing."""
     n = jax.device_count()
     if n == 1:
         return None
@@ -51,12 +44,9 @@ def _global_leaf(x, sharding):
 
 
 def replicate(tree: Any, mesh: Optional[Any]) -> Any:
-    """Place a host pytree on every device of ``mesh`` as global, fully replicated arrays.
-
-    In a multi-process run a jitted call over the global mesh accepts only global arrays; each
-    process builds its own shards from its (identical) host copy, so nothing crosses processes.
-    Without a mesh the tree is left to jit.
-    """
+    """Place a host pytree on every device of ``mesh`` as global, fully replicated arrays, as a jitted
+    call over a multi-process mesh needs: each process builds its own shards from its (identical) host
+    copy, so nothing crosses processes. Without a mesh the tree is left to jit."""
     if mesh is None:
         return tree
     sharding = NamedSharding(mesh, P())
@@ -72,24 +62,17 @@ def _env_int(*names: str) -> Optional[int]:
 
 def auto_processes(popsize: int) -> int:
     """``devices.num_processes=auto``: one process with an accelerator (it drives every local device);
-    on a CPU host, one per usable core, reduced to the largest count over whose devices the population
-    divides. Each process gets this process's CPU devices: one, unless ``JAX_NUM_CPU_DEVICES`` (or
-    XLA's forced host device count) asks for more. A population that does not divide over one
-    process's devices gets one process, whose start-up then says why."""
+    on a CPU host, one per usable core, reduced to the largest count over whose devices (this process's
+    CPU devices each) the population divides; one if none, whose start-up then says why."""
     if hardware.has_accelerator():
         return 1
     per_process = jax.local_device_count()
-    cores = hardware.usable_cores()
-    return max(n for n in range(1, cores + 1) if n == 1 or popsize % (n * per_process) == 0)
+    return max(n for n in range(1, hardware.usable_cores() + 1) if n == 1 or popsize % (n * per_process) == 0)
 
 
 def distributed_settings(devices_cfg, popsize: int) -> tuple[int, Optional[str], Optional[int]]:
-    """``(num_processes, coordinator_address, process_id)`` from the config, else the environment.
-
-    A number in the config wins; then ``METARL_NUM_PROCESSES`` / ``METARL_COORDINATOR`` /
-    ``METARL_PROCESS_ID`` (set by ``metarl.launch`` or by hand on each host), then SLURM's
-    ``SLURM_NTASKS`` / ``SLURM_PROCID``; with none of them, ``auto`` counts this machine's cores.
-    """
+    """``(num_processes, coordinator_address, process_id)`` from the config, else ``METARL_*`` (set by
+    ``metarl.launch`` or by hand on each host), else SLURM's; with none, ``auto`` counts this machine's cores."""
     num = devices_cfg.num_processes if devices_cfg.num_processes != AUTO else None
     num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS")
     coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR") or None

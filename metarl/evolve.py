@@ -1,33 +1,16 @@
 """``python -m metarl.evolve experiment=NAME [key=value ...]``: evolve a part of an RL algorithm.
 
-    python -m metarl.evolve experiment=value_loss
-    python -m metarl.evolve experiment=value_loss es.popsize=32 env=Acrobot-v1 seed=3
-    python -m metarl.evolve experiment=hyperparams es.strategy=Sep_CMA_ES run_dir=checkpoints/hp
-    python -m metarl.evolve resume=checkpoints/value_loss-20261122-101500 es.generations=50
-    python -m metarl.evolve experiments_dir=my_experiments experiment=my_value_loss
-    python -m metarl.evolve -m experiment=value_loss seed=0,1,2 env=CartPole-v1,Acrobot-v1
-    python -m metarl.evolve experiment=value_loss --cfg job
-
-A Hydra application: the config is composed by Hydra from ``experiments/NAME.yaml``; ``-m`` runs a
-sweep through Hydra's sweeper and launcher (``metarl.sweep``); ``--cfg job|hydra|all`` prints the
-composed config; ``hydra.KEY=VALUE`` and ``hydra/GROUP=OPTION`` set Hydra's own config. Three keys
-are metarl's own, read before Hydra: ``experiment=NAME`` (the config to compose), ``resume=RUN_DIR``
-(continue a run from its saved config) and ``experiments_dir=PATH`` (a folder of your own experiment
-YAMLs beside the shipped ones; they may list the shipped ``base``, or any shipped experiment, in
-their defaults).
-
-Running the same command again with the same ``run_dir`` continues that run from its latest
-checkpoint. Bad settings (and a checkpoint that cannot be read) exit with code 2 and one line naming
-the field, before anything is compiled or written. One run at a time holds a run directory (a lock
-on ``RUN_DIR/.lock``); a second is refused the same way.
+A Hydra application (docs/sweeps.md): the config is composed from ``experiments/NAME.yaml``; ``-m``
+runs a sweep (``metarl.sweep``); ``--cfg job|hydra|all`` prints the composed config. Three keys are
+read before Hydra: ``experiment=NAME``, ``resume=RUN_DIR`` and ``experiments_dir=PATH``. Bad settings
+exit with code 2 and one line naming the field, before anything is compiled or written.
 """
 from __future__ import annotations
 
 import dataclasses
-import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from metarl import config as config_lib
 from metarl.cli import _read_saved, _refuse_search_change, check_existing, fail, missing_experiment, refuse_chdir
@@ -230,11 +213,11 @@ def help_text(cli: CommandLine) -> str:
 
     experiment, experiments_dir = cli.special.get("experiment"), cli.experiments_dir
     try:
-        with config_lib.hydra_context(experiments_dir) as hydra_state:
+        with config_lib.hydra_context(experiments_dir) as app:
             # An experiment, or base.yaml itself (which is no experiment).
             composed = (config_lib.compose(experiment, [], experiments_dir) if experiment
                         else compose("base", config_lib.search_path(experiments_dir)))
-            options = {group: ", ".join(sorted(hydra_state.config_loader().get_group_options(f"hydra/{group}")))
+            options = {group: ", ".join(sorted(app.config_loader.get_group_options(f"hydra/{group}")))
                        for group in ("launcher", "sweeper")}
     except ConfigError as err:
         fail(str(err))
@@ -282,15 +265,10 @@ def _trainer_fields(inner: dict):
         return None
     if not dataclasses.is_dataclass(cls):
         return None
-    defaults = {}
-    for f in dataclasses.fields(cls):
-        if f.name == "env":
-            continue
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
-    return cls.__name__, {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()}
+    defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                for f in dataclasses.fields(cls) if f.name != "env"}
+    return cls.__name__, {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()
+                          if v is not dataclasses.MISSING}
 
 
 def main(argv: list[str] | None = None) -> int:

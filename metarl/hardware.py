@@ -35,27 +35,17 @@ def _cgroup_cpu_quota() -> Optional[float]:
 
 
 def has_accelerator() -> bool:
-    """Whether JAX's default backend is a GPU or TPU. Initialises JAX's backends in this process, which
-    is harmless here: a process that finds an accelerator goes on to run alone, and one that finds only
-    the CPU starts the per-core processes and then only waits for them."""
+    """Whether JAX's default backend is a GPU or TPU (which starts JAX's backends in this process)."""
     return jax.default_backend() != "cpu"
-
-
-def _cpu_set(name: str) -> Optional[set[int]]:
-    cpus = os.environ.get(name, "").strip()
-    return {int(c) for c in cpus.split(",")} if cpus and hasattr(os, "sched_setaffinity") else None
 
 
 def pin_cpus() -> None:
     """Keep this process on the cores ``METARL_CPUS`` names (``"0"``, ``"2,3"``), before XLA starts its
-    thread pools, which size themselves by the cores the process may use. Every process of a local
-    launch, process 0 too, is pinned from its start: a process whose pools were sized for two cores
-    and then pinned to one ran each generation of the quick start about 1.4x slower, more than it
-    saved by compiling on both cores (measured on 2 cores: 13.2 s against 9.5 s per generation; the
-    compile 13-14 s against 9 s)."""
-    cpus = _cpu_set("METARL_CPUS")
-    if cpus:
-        os.sched_setaffinity(0, cpus)
+    thread pools, which size themselves by the cores the process may use: a process pinned after
+    they started runs each generation about 1.4x slower (docs/devices.md)."""
+    cpus = os.environ.get("METARL_CPUS", "").strip()
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
 
 def memory_per_device() -> Optional[int]:

@@ -1,20 +1,9 @@
-"""What a run meta-learns (``component.kind``): one registry entry per kind.
+"""What a run meta-learns (``component.kind``): one registry entry per kind (docs/extending.md).
 
 A kind names the seam its component plugs into (a keyword of the trainer's ``make_train`` that the
 trainer lists in its ``SEAMS``), the component used where ``component._target_`` is not given, the
-hand-designed side it is compared with, its figures and, for ``metarl.distill``, its formula component:
-
-- ``value_loss``: a component replaces PPO's value loss (by default the MLP of
-  ``metarl.inner_loops.components.MLPValueLoss``);
-- ``policy_objective``: a component replaces PPO's clipped objective (by default the LPO drift, ``LPODrift``);
-- ``hyperparams``: the trainer's float hyperparameters, searched in a bounded space (no seam).
-
-A kind of your own is one ``Kind``: registered before the run's config is built, or named by its dotted
-path (``component.kind=my_pkg.kinds.ENTROPY_SCALE``), which the command line can use:
-
-    from metarl import kinds
-    kinds.register(kinds.Kind("entropy_scale", seam="entropy_scale", component="my_pkg.EntropyScale",
-                              baseline=lambda inner: "ent_coef as set", plot=my_figures))
+hand-designed side it is compared with, its figures and, for ``metarl.distill``, its formula component.
+``hyperparams`` has no seam: it searches the trainer's float hyperparameters in a bounded space.
 """
 from __future__ import annotations
 

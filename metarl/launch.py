@@ -1,18 +1,8 @@
-"""Every CPU core of one machine: ``devices.num_processes=N`` starts N processes joined on loopback.
-
-On CPU one process uses further cores only in part (XLA hands independent operations to other
-threads: on 2 cores 1.4-1.8x one core's rate for the quick start's population), while N processes,
-each pinned to its own core from its start and driving one CPU device, scale almost linearly.
-The parent resolves the run directory once, starts ``python -m metarl.evolve`` N times with the same
-arguments plus ``METARL_COORDINATOR`` / ``METARL_PROCESS_ID``, forwards SIGINT/SIGTERM/SIGHUP, stops
-the others if one fails, and returns the worst exit code. The run stops as one whatever stops it:
-each child dies with the parent (``die_with_launcher``), so a parent killed outright (SIGKILL, the
-out-of-memory killer) leaves no process running and the run directory free for the same command.
-
-The children's stdout and stderr reach the console through the parent, line by line and in each
-process's order, less the lines of third-party libraries that say nothing a user acts on (``NOISE``:
-the collective library's ``[Gloo] Rank 1 is connected to 1 peer ranks`` as the processes join);
-``logger.verbose=true`` keeps them.
+"""Every CPU core of one machine: ``devices.num_processes=N`` starts N processes joined on loopback
+(docs/devices.md), each pinned to its own core from its start: one process uses further cores only in
+part, while N processes scale almost linearly. The parent starts ``python -m metarl.evolve`` N times
+with the same arguments, relays their output, forwards stop signals, stops the others if one fails,
+and returns the worst exit code; each child dies with the parent (``die_with_launcher``).
 """
 from __future__ import annotations
 
@@ -35,8 +25,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ENV_LAUNCHER = "METARL_LAUNCHER_PID"
 
 
-# Lines a child writes that come from third-party C++ libraries and carry no news for a user: gloo
-# (the CPU collectives jax uses between processes) prints one to stdout per process when they connect.
+# A child's lines from third-party C++ libraries that carry no news for a user (``logger.verbose=true``
+# keeps them): gloo, the CPU collectives jax uses between processes, prints one per process as they join.
 NOISE = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
 
 
@@ -83,10 +73,9 @@ def ignored(sig: signal.Signals) -> bool:
 
 def die_with_launcher() -> None:
     """In a process started by ``launch``: be killed the moment the launching parent ends, however it
-    ends. Called first thing, before JAX starts. On Linux the kernel does it (``PR_SET_PDEATHSIG``);
-    elsewhere a thread watches the parent. SIGKILL rather than a stop after the generation in flight:
-    the run directory must be free within a second or two for the same command to continue it, and
-    what the run has saved (checkpoints, ``metrics.jsonl``) survives a kill at any moment."""
+    ends (on Linux by the kernel, ``PR_SET_PDEATHSIG``). SIGKILL rather than a stop after the generation
+    in flight: the run directory must be free within a second or two for the same command to continue
+    it, and what the run has saved survives a kill at any moment."""
     value = os.environ.pop(ENV_LAUNCHER, "")  # not for this process's own children
     if not value.isdigit():
         return
@@ -107,43 +96,37 @@ def die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _worst(codes: list[int]) -> int:
-    # A child killed by a signal has a negative code; report it the way a shell would.
+def worst_code(codes: list[int]) -> int:
+    """The exit code that says the most: a failure over success, the higher over the lower. A child
+    killed by a signal has a negative code; it is reported the way a shell would."""
     codes = [128 - c if c < 0 else c for c in codes]
     return max(codes, key=lambda c: (c != 0, c))
 
 
-def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock=None, verbose: bool = False) -> int:
+def launch(argv: list[str], num_processes: int, lock: runlock.RunLock, verbose: bool = False) -> int:
     """Run ``python -m metarl.evolve *argv`` as ``num_processes`` processes; returns the worst exit code.
-
-    ``lock``: the run directory's lock (a ``metarl.runlock.RunLock``), held by this parent and inherited
-    by every child, so the directory stays locked while any of them lives; the children are named in it.
-    ``verbose``: pass on the third-party lines (``NOISE``) too.
-    """
+    ``lock``: the run directory's ``RunLock``, held by this parent and inherited by every child, so the
+    directory stays locked while any of them lives. ``verbose``: pass on ``NOISE`` too."""
     port = free_port()
     children: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
-    sets = core_sets(num_processes)
-    for pid, cores in enumerate(sets):
+    for pid, cores in enumerate(core_sets(num_processes)):
         # PYTHONUNBUFFERED: each line reaches the pipe as it is written, so the console stays live.
         env = dict(os.environ, METARL_COORDINATOR=f"127.0.0.1:{port}", METARL_PROCESS_ID=str(pid),
                    METARL_NUM_PROCESSES=str(num_processes), PYTHONUNBUFFERED="1",
-                   **{ENV_LAUNCHER: str(os.getpid())})
-        if lock is not None:
-            env[runlock.ENV_FD] = str(lock.fd)
+                   **{ENV_LAUNCHER: str(os.getpid()), runlock.ENV_FD: str(lock.fd)})
         if cores:
             env["METARL_CPUS"] = ",".join(map(str, sorted(cores)))  # devices.setup pins itself
         # Own session: a Ctrl-C in the terminal reaches the parent only, which forwards it once.
         child = subprocess.Popen([sys.executable, "-m", "metarl.evolve", *argv], env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True, pass_fds=() if lock is None else (lock.fd,))
+                                 start_new_session=True, pass_fds=(lock.fd,))
         children.append(child)
         for source, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr)):
             relays.append(threading.Thread(target=relay, args=(source, sink, verbose), daemon=True,
                                            name=f"metarl-relay-{pid}"))
             relays[-1].start()
-    if lock is not None:
-        runlock.name_children(lock, [child.pid for child in children])
+    runlock.name_children(lock, [child.pid for child in children])
 
     signalled = []
 
@@ -158,7 +141,7 @@ def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock=None, 
         while True:
             codes = [child.poll() for child in children]
             if all(c is not None for c in codes):
-                return _worst(codes)
+                return worst_code(codes)
             if not signalled and any(c not in (None, 0) for c in codes):
                 # A failed process leaves the others waiting in a collective forever: stop them.
                 time.sleep(2.0)
@@ -172,8 +155,8 @@ def launch(argv: list[str], num_processes: int, poll_s: float = 0.2, lock=None, 
                     except subprocess.TimeoutExpired:
                         child.kill()
                         child.wait()
-                return _worst([child.returncode for child in children])
-            time.sleep(poll_s)
+                return worst_code([child.returncode for child in children])
+            time.sleep(0.2)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

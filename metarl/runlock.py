@@ -1,16 +1,9 @@
-"""One run per run directory: an exclusive lock on ``RUN_DIR/.lock`` for the life of the run.
-
-The lock is ``fcntl.flock`` on an open file, not a PID file: the kernel drops it when the last
-descriptor of that open file closes, so any exit of the holder (SIGKILL included) releases it and no
-stale lock is ever left to clean up. The holder writes its PID and host into the file only so that
-a refused process can name it; the file's content is never trusted as the lock.
-
-In a multi-process launch (``devices.num_processes>1`` on one machine) the launching parent takes
-the lock before it starts the children and hands them the descriptor (``METARL_RUN_LOCK_FD``). A
-child checks that the descriptor really is the lock of its run directory and holds it; as long as
-any process of the run lives the lock is held, so no second launch can slip in between. The parent
-adds its children's PIDs to the file (``name_children``), so that a refused process names a holder
-that is alive (the parent, else a child), or says that the process which took the lock has ended.
+"""One run per run directory: an exclusive lock on ``RUN_DIR/.lock`` for the life of the run
+(docs/resume.md). The lock is ``fcntl.flock`` on an open file, not a PID file: the kernel drops it when
+the last descriptor of that open file closes, so any exit of the holder (SIGKILL included) releases it
+and no stale lock is left. The PID and host written in the file only name the holder to a refused
+process. A local multi-process launch takes the lock in the parent and hands its descriptor to the
+children (``METARL_RUN_LOCK_FD``), so it is held while any process of the run lives.
 """
 from __future__ import annotations
 
@@ -60,9 +53,7 @@ def _holder(fd: int) -> str:
     if not info.get("pid", "").isdigit():
         return "another process"
     pid, host = int(info["pid"]), info.get("host", "?")
-    if host != socket.gethostname():  # cannot look at another host's processes
-        return f"process {pid} on host {host}"
-    if _alive(pid):
+    if host != socket.gethostname() or _alive(pid):  # another host's processes cannot be looked at
         return f"process {pid} on host {host}"
     children = [int(w[1]) for w in (line.split() for line in lines[1:])
                 if len(w) == 2 and w[0] == "child" and w[1].isdigit()]
@@ -123,15 +114,13 @@ def acquire_new(candidate: str | Path) -> RunLock:
     """A default run directory: ``candidate`` or, if another run took that name in the meantime,
     ``candidate-2``, ``candidate-3``, ...; created with an exclusive mkdir so that two runs started
     in the same second never share one."""
-    base = Path(candidate)
-    path, n = base, 1
     while True:
+        path = unique_dir(Path(candidate))
         try:
             path.mkdir(parents=True)
             return acquire(path)
         except FileExistsError:
-            n += 1
-            path = Path(f"{base}-{n}")
+            pass
 
 
 def unique_dir(path: Path) -> Path:

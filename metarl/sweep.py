@@ -1,27 +1,9 @@
-"""``python -m metarl.evolve -m experiment=NAME KEY=A,B ...``: a sweep, run by Hydra's sweeper and launcher.
-
-    python -m metarl.evolve -m experiment=value_loss seed=0,1,2 env=CartPole-v1,Acrobot-v1
-    python -m metarl.evolve -m experiment=value_loss seed=0,1 hydra/launcher=joblib hydra.launcher.n_jobs=2
-
-Each job is one run, exactly as ``python -m metarl.evolve`` with that job's overrides would make it
-(the same checks, run directory lock, local multi-process launch and auto-resume), in a run directory
-of its own: ``SWEEP_DIR/<job number>`` (Hydra's ``hydra.sweep.dir`` / ``hydra.sweep.subdir``).
-``SWEEP_DIR`` is ``run_dir=PATH`` when given, else a new ``checkpoints/NAME-<time>-sweep``; running the
-same sweep again with the same ``run_dir`` continues each of its jobs.
-
-With Hydra's basic sweeper (the default), whose jobs are known in advance, every job's config is
-composed and checked before the first job starts, and bad input exits with one line and code 2
-having written nothing. When the sweep ends (or is stopped), ``SWEEP_DIR/summary.csv`` and
-``summary.json`` hold one row per job: its number, overrides, exit code, generations, best fitness,
-the last generation's mean fitness and its run directory. Each job records itself in
-``SWEEP_DIR/jobs/<number>.json`` when it starts and ends, so the summary is the same whichever launcher
-ran the jobs, wherever (another process, another machine on a shared file system).
-
-With ``logger.mlflow.mode=enabled`` the sweep is an MLflow run too, with each job's run nested under
-it, and the summary's best values logged on it when the sweep ends (``open_mlflow_parent``).
-
-The task function Hydra calls returns the job's best fitness, so a sweeper that optimises (a Hydra
-sweeper plug-in such as Optuna's, set to maximise) can search over a run's settings.
+"""``python -m metarl.evolve -m experiment=NAME KEY=A,B ...``: a sweep, run by Hydra's sweeper and
+launcher (docs/sweeps.md). Each job is one run, as ``python -m metarl.evolve`` with that job's
+overrides would make it, in ``SWEEP_DIR/<job number>``; with the basic sweeper every job is checked
+before the first starts. Each job records itself in ``SWEEP_DIR/jobs/<number>.json`` when it starts
+and ends, so the summary is the same whichever launcher ran the jobs, wherever. The task function
+returns the job's best fitness, so an optimising sweeper can search over a run's settings.
 """
 from __future__ import annotations
 
@@ -40,7 +22,6 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from hydra.types import RunMode
 from omegaconf import OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
@@ -49,7 +30,7 @@ from metarl import compilation, devices, runlock
 from metarl.checkpoints import atomic_write
 from metarl.cli import EXIT_BAD_INPUT, fail, missing_experiment, refuse_chdir
 from metarl.job import check_existing, check_run, execute
-from metarl.launch import STOP_SIGNALS
+from metarl.launch import STOP_SIGNALS, worst_code
 from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -175,19 +156,6 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
     return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]], True
 
 
-def compose_sweep(app, experiment: str, overrides: list[str], experiments_dir: Optional[str]):
-    """The sweep's master config: Hydra's composition for a sweep, where ``key=a,b`` lists values to
-    sweep (Hydra's application object ``app``, inside ``config.hydra_context``)."""
-    config_lib.check_experiment(experiment, experiments_dir)
-    config_lib.check_overrides(overrides, multirun=True)
-    try:
-        return app.compose_config(config_name=experiment, run_mode=RunMode.MULTIRUN, with_log_configuration=False,
-                                  overrides=[*config_lib.hydra_overrides(overrides),
-                                             *config_lib.search_path(experiments_dir)])
-    except (HydraException, OmegaConfBaseException) as err:
-        raise config_lib.composition_error(err) from None
-
-
 def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir: Optional[str]) -> list:
     """Compose and check every job as it will run, before any starts: its config, its run directory
     (new, or an earlier run of the same config), its task, devices and memory. Exits with one line on
@@ -289,14 +257,14 @@ def run(cli) -> int:
                  "runs in a directory of its own inside it)")
         overrides = [o for o in overrides if o not in named] + [f"hydra.sweep.dir={run_dirs[-1]}"]
 
-    with config_lib.hydra_context(experiments_dir) as hydra_state:
-        return _run(cli, hydra_state.hydra, experiment, experiments_dir, overrides, bool(named))
+    with config_lib.hydra_context(experiments_dir) as app:
+        return _run(cli, app, experiment, experiments_dir, overrides, bool(named))
 
 
 def _run(cli, app, experiment: str, experiments_dir: Optional[str], overrides: list[str],
          named: bool) -> int:
     try:
-        master = compose_sweep(app, experiment, overrides, experiments_dir)
+        master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True)
         refuse_chdir(master)
         sweep_dir = Path(str(master.hydra.sweep.dir))
         if not named:  # the default name, made unique (two sweeps started in the same second)
@@ -357,4 +325,4 @@ def _run(cli, app, experiment: str, experiments_dir: Optional[str], overrides: l
         print(f"continue with: python -m metarl.evolve {' '.join(again)} run_dir={sweep_dir}", file=sys.stderr,
               flush=True)
         return stopped
-    return max([c if isinstance(c, int) else 1 for c in codes] or [0], key=lambda c: (c != 0, c))
+    return worst_code([c if isinstance(c, int) else 1 for c in codes] or [0])

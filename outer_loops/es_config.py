@@ -53,9 +53,15 @@ class ESConfig:
         return STRATEGIES[self.strategy]
 
     def validate(self) -> "ESConfig":
+        """Every check of the settings, the strategy's own included (evosax asserts an even population
+        for antithetic sampling): it is built on a one-number template, so that they fail before
+        anything is compiled."""
         import jax.numpy as jnp
 
-        cls = self.strategy_class()
+        make_strategy(self, {"x": jnp.zeros((1,), jnp.float32)})
+        return self
+
+    def _check_fields(self) -> None:
         if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
             raise ValueError(f"es.popsize: {self.popsize!r}; allowed: an integer >= 2")
         if not 0 < self.std_init < float("inf"):
@@ -71,10 +77,6 @@ class ESConfig:
                              f"{', '.join(strategy_tables()[2])} or null (the strategy's default)")
         if self.args and self.target is None:
             raise ValueError(f"es.args: {self.args!r}; allowed: empty unless es._target_ names a strategy class")
-        # The strategy's own checks (evosax asserts an even population for antithetic sampling),
-        # run on a one-number template so they fail here, before anything is compiled.
-        make_strategy(self, {"x": jnp.zeros((1,), jnp.float32)}, cls)
-        return self
 
 
 _POPULATION_BASED = "population-based: its init(key, population, fitness, params) starts from a scored " \
@@ -134,10 +136,11 @@ def _driver_kwargs(config: ESConfig, cls) -> dict[str, Any]:
     return kwargs
 
 
-def make_strategy(config: ESConfig, template: Any, cls=None):
-    """Build the evosax strategy and its params. Build it once per run: evosax's jitted methods
-    take the strategy object as a static argument hashed by identity."""
-    cls = cls or config.strategy_class()
+def make_strategy(config: ESConfig, template: Any):
+    """Check the settings and build the evosax strategy and its params. Build it once per run: evosax's
+    jitted methods take the strategy object as a static argument hashed by identity."""
+    cls = config.strategy_class()
+    config._check_fields()
     kwargs = _driver_kwargs(config, cls)
     try:
         if config.target is not None:

@@ -153,7 +153,8 @@ class Evolution:
                  control_fn: Optional[Callable[[jax.Array], jax.Array]] = None, paired: bool = False):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
             raise ValueError(f"fitness.num_seeds: {num_seeds!r}; allowed: a positive integer")
-        self.config = config.validate()
+        self.config = config
+        self.es, self.es_params = make_strategy(config, template)  # checks the settings first
         self.template = template
         self.fitness_fn = fitness_fn
         self.num_seeds = num_seeds
@@ -178,7 +179,6 @@ class Evolution:
         if mesh is not None and config.popsize % mesh.size:
             raise ValueError(f"es.popsize: {config.popsize} does not divide over {mesh.size} devices; "
                              f"allowed: a multiple of {mesh.size}")
-        self.es, self.es_params = make_strategy(config, template)
         self.trace_count = 0  # generations traced; stays 1 however many run
         # With a mesh the state stays one fully replicated global array (every process holds the same
         # copy, also in a multi-process run): only the members' evaluation is split over the devices.
