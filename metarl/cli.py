@@ -36,17 +36,13 @@ def _read_saved(run_dir: Path, field: str) -> dict:
         fail(f"{field}: {err}")
 
 
-def holds_a_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` has anything in it besides what is there before a run starts: the lock file,
-    and what Hydra may write into a sweep job's directory first (``.hydra/``, the job's ``.log``)."""
-    return run_dir.is_dir() and any(not (p.name.startswith(".") or p.name.endswith(".log"))
-                                    for p in run_dir.iterdir())
-
-
 def check_existing(cfg, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses one of another
-    config, or a directory that is not a run's."""
-    if not holds_a_run(run_dir):
+    config, or a directory that is not a run's (``ConfigError``: a path that cannot become one)."""
+    config_lib.check_run_dir(str(run_dir))
+    # Anything besides what is there before a run starts: the lock file, and what Hydra may write into
+    # a sweep job's directory first (``.hydra/``, the job's ``.log``).
+    if not run_dir.is_dir() or all(p.name.startswith(".") or p.name.endswith(".log") for p in run_dir.iterdir()):
         return False
     if not (run_dir / CONFIG_FILE).exists():
         fail(f"run_dir: {run_dir} exists and is not a metarl run directory; allowed: a new or empty "

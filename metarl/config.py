@@ -237,7 +237,8 @@ def validate(cfg: RunConfig) -> RunConfig:
                           "or an MLflow tracking URI such as http://HOST:PORT")
     if mlflow.experiment is not None and not mlflow.experiment.strip():
         raise ConfigError("logger.mlflow.experiment: empty; allowed: a name, or null (the run's experiment)")
-    if any(not isinstance(k, str) or not k or not isinstance(v, (str, int, float, bool)) for k, v in mlflow.tags.items()):
+    if any(not isinstance(k, str) or not k or not isinstance(v, (str, int, float, bool))
+           for k, v in mlflow.tags.items()):
         raise ConfigError(f"logger.mlflow.tags: {mlflow.tags!r}; allowed: a mapping of names to strings or "
                           "numbers, such as {study: doors}")
     n = cfg.devices.num_processes
@@ -318,17 +319,6 @@ def search_path(experiments_dir: Optional[str]) -> list[str]:
     return [f"hydra.searchpath=[{EXPERIMENTS_DIR.as_uri()}]"] if experiments_dir else []
 
 
-def composition_error(err: Exception) -> ConfigError:
-    """Hydra's failure to compose, as one line naming the setting it failed on (OmegaConf's key)."""
-    text = str(err).strip()
-    first = (text.splitlines()[0] if text else type(err).__name__).replace("++", "").rstrip(".")
-    key = getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None) or "overrides"
-    allowed = ("a key of Hydra's config (`python -m metarl.evolve experiment=NAME --cfg hydra` shows them)"
-               if str(key).startswith("hydra") else "a value of the setting's type (see experiments/base.yaml), "
-               "as key=value")
-    return ConfigError(f"{key}: {first}; allowed: {allowed}")
-
-
 def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None, multirun: bool = False):
     """Hydra's composition of ``<experiment>.yaml`` with ``overrides`` (the run's and Hydra's own), its
     section included; ``multirun``: a sweep's, where ``key=a,b`` lists values to sweep. Call inside
@@ -360,8 +350,14 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
         return app.compose_config(experiment, [*hydra_overrides(overrides), *search_path(experiments_dir)],
                                   run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN, from_shell=multirun,
                                   with_log_configuration=False)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise composition_error(err) from None
+    except (HydraException, OmegaConfBaseException) as err:  # one line naming the setting (OmegaConf's key)
+        text = str(err).strip()
+        first = (text.splitlines()[0] if text else type(err).__name__).replace("++", "").rstrip(".")
+        key = getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None) or "overrides"
+        allowed = ("a key of Hydra's config (`python -m metarl.evolve experiment=NAME --cfg hydra` shows them)"
+                   if str(key).startswith("hydra") else "a value of the setting's type (see experiments/base.yaml), "
+                   "as key=value")
+        raise ConfigError(f"{key}: {first}; allowed: {allowed}") from None
 
 
 def hydra_overrides(overrides: list[str]) -> list[str]:

@@ -14,9 +14,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from metarl import compilation, hardware, jax_private
 
-AUTO = "auto"
-
-
 def population_mesh(popsize: int):
     """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device.
     The population must divide over the devices: padding members would cost compute for nothing."""
@@ -73,7 +70,7 @@ def auto_processes(popsize: int) -> int:
 def distributed_settings(devices_cfg, popsize: int) -> tuple[int, Optional[str], Optional[int]]:
     """``(num_processes, coordinator_address, process_id)`` from the config, else ``METARL_*`` (set by
     ``metarl.launch`` or by hand on each host), else SLURM's; with none, ``auto`` counts this machine's cores."""
-    num = devices_cfg.num_processes if devices_cfg.num_processes != AUTO else None
+    num = devices_cfg.num_processes if devices_cfg.num_processes != "auto" else None
     num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS")
     coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR") or None
     process_id = devices_cfg.process_id

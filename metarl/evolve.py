@@ -96,24 +96,21 @@ def parse_command_line(argv: list[str]) -> CommandLine:
     return cli
 
 
-def _apply_overrides(saved: dict, overrides: list[str]) -> dict:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    # Hydra's reading of each value, as on a first run, so a value means the same on a resume.
-    merged = OmegaConf.create(saved)
-    for override in config_lib.parse_overrides(overrides):
-        try:
-            OmegaConf.update(merged, override.key_or_group, override.value(), merge=True)
-        except OmegaConfBaseException as err:
-            fail(f"{override.key_or_group}: {str(err).splitlines()[0]}")
-    return OmegaConf.to_container(merged, resolve=True)
+def _compose(cli: CommandLine):
+    """Hydra's composition of the command line's experiment and overrides, Hydra's section included."""
+    if "experiment" not in cli.special:
+        missing_experiment(cli.experiments_dir)
+    with config_lib.hydra_context(cli.experiments_dir):
+        return config_lib.compose(cli.special["experiment"], cli.overrides, cli.experiments_dir)
 
 
 def resolve(cli: CommandLine):
     """From the command line to ``(RunConfig, run_dir, resuming, named)``, refusing anything unsafe
     and writing nothing; ``named`` says the user chose the run directory (``run_dir=`` or Hydra's
     ``hydra.run.dir=``; ``run_dir`` wins); otherwise it is ``hydra.run.dir``'s default, made unique."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     special, overrides = cli.special, cli.overrides
     try:
         if "resume" in special:
@@ -128,27 +125,28 @@ def resolve(cli: CommandLine):
             saved = _read_saved(run_dir, "resume")
             if "experiment" in special and special["experiment"] != saved.get("experiment"):
                 fail(f"experiment: {special['experiment']!r} differs from the run's {saved.get('experiment')!r}")
-            new = _apply_overrides(saved, overrides)
-            new["run_dir"] = str(run_dir)
-            cfg = config_lib.from_dict(new)
+            # Hydra's reading of each value, as on a first run, so a value means the same on a resume.
+            merged = OmegaConf.create(saved)
+            for override in config_lib.parse_overrides(overrides):
+                try:
+                    OmegaConf.update(merged, override.key_or_group, override.value(), merge=True)
+                except OmegaConfBaseException as err:
+                    fail(f"{override.key_or_group}: {str(err).splitlines()[0]}")
+            cfg = config_lib.from_dict({**OmegaConf.to_container(merged, resolve=True), "run_dir": str(run_dir)})
             _refuse_search_change(saved, cfg, run_dir)
             return cfg, run_dir, True, True
 
-        if "experiment" not in special:
-            missing_experiment(cli.experiments_dir)
-        with config_lib.hydra_context(cli.experiments_dir):
-            composed = config_lib.compose(special["experiment"], overrides, cli.experiments_dir)
+        composed = _compose(cli)
         refuse_chdir(composed)
         cfg = config_lib.from_composed(composed, cli.experiments_dir)
         named = bool(cfg.run_dir) or any(config_lib.override_key(o) == "hydra.run.dir" for o in overrides)
         run_dir = Path(cfg.run_dir or str(composed.hydra.run.dir))
         if not named:
             run_dir = unique_dir(run_dir)
-        config_lib.check_run_dir(str(run_dir))
+        cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+        return cfg, run_dir, check_existing(cfg, run_dir), named
     except ConfigError as err:
         fail(str(err))
-    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-    return cfg, run_dir, check_existing(cfg, run_dir), named
 
 
 def run_one(cli: CommandLine) -> int:
@@ -172,11 +170,8 @@ def show_config(cli: CommandLine) -> int:
     if "resume" in cli.special:
         fail("--cfg: shows a config composed from an experiment; allowed: experiment=NAME (a run's own config "
              f"is RUN_DIR/{CONFIG_FILE})")
-    if "experiment" not in cli.special:
-        missing_experiment(cli.experiments_dir)
     try:
-        with config_lib.hydra_context(cli.experiments_dir):
-            composed = config_lib.compose(cli.special["experiment"], cli.overrides, cli.experiments_dir)
+        composed = _compose(cli)
         config_lib.from_composed(composed, cli.experiments_dir)  # the same checks as a run's
     except ConfigError as err:
         fail(str(err))
@@ -198,10 +193,7 @@ def show_config(cli: CommandLine) -> int:
         if shown is None:
             fail(f"--package: {cli.package!r} is not in the config; allowed: a key of it, such as es")
         print(f"# @package {cli.package}")
-    if not isinstance(shown, Container):
-        print(shown)
-        return 0
-    sys.stdout.write(OmegaConf.to_yaml(shown))
+    sys.stdout.write(OmegaConf.to_yaml(shown) if isinstance(shown, Container) else f"{shown}\n")
     return 0
 
 

@@ -32,18 +32,10 @@ def _fingerprint(run_dir: Path):
     return stamp(run_dir / CONFIG_FILE), stamp(run_dir / "metrics.jsonl"), steps
 
 
-@dataclasses.dataclass
-class Checked:
-    task: Any                 # the run's task, built once (``metarl.tasks.build_task``)
-    local_launch: bool        # this process starts the run's processes and waits for them
-    num_processes: int
-
-
-def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
-    """Every check of a run's settings that needs no run directory, reading only: the search settings,
-    the packages a tracker needs, the trainer in its environment, how the population divides over the
-    processes or devices, and the memory a generation needs. Raises ``ConfigError`` or ``ValueError``
-    with a one-line message.
+def check_run(cfg, setup_devices: bool = True, task: Any = None) -> tuple[Any, bool, int]:
+    """Every check of a run's settings that needs no run directory, reading only (``ConfigError`` or
+    ``ValueError``, one line). Returns ``(task, local_launch, num_processes)``: the run's task, built
+    once; whether this process starts the run's processes and waits for them; how many.
 
     ``setup_devices``: join the run's processes (``devices.setup``) first, as a run must before any
     JAX computation; a sweep checking its jobs before they start does not. ``task``: already built."""
@@ -65,18 +57,15 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Checked:
         devices.population_mesh(cfg.es.popsize)
     check_memory(cfg, task, hardware.memory_per_device(),
                  hardware.members_per_memory(cfg.es.popsize, num_processes if local_launch else 1))
-    return Checked(task, local_launch, num_processes)
+    return task, local_launch, num_processes
 
 
 def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[str], task: Any = None) -> int:
     """One run, from its checked config to its end: the remaining checks, the run directory's lock,
-    then the run itself (here, or in the processes it starts with ``child_args``). Returns the exit
-    code; bad input exits (``fail``) before anything is written."""
-    # 1. Every check, reading only: the config, the trainer in its environment, the devices, the
-    #    memory a generation needs, and the checkpoint a resume starts from. Nothing is written.
+    then the run itself (here, or in the processes it starts with ``child_args``); its exit code."""
+    # 1. Every check, reading only, the checkpoint a resume starts from included.
     try:
-        checked = check_run(cfg, task=task)
-        task, local_launch, num_processes = checked.task, checked.local_launch, checked.num_processes
+        task, local_launch, num_processes = check_run(cfg, task=task)
         # evosax, which the runner imports, starts JAX's backends: only after check_run's devices.setup.
         from metarl import runner
 

@@ -47,12 +47,6 @@ def relay(source: BinaryIO, sink: TextIO, verbose: bool) -> None:
     source.close()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def core_sets(n: int) -> list[Optional[set[int]]]:
     """Cores for each of ``n`` processes: an even split of the cores this process may use."""
     try:
@@ -107,7 +101,9 @@ def launch(argv: list[str], num_processes: int, lock: runlock.RunLock, verbose: 
     """Run ``python -m metarl.evolve *argv`` as ``num_processes`` processes; returns the worst exit code.
     ``lock``: the run directory's ``RunLock``, held by this parent and inherited by every child, so the
     directory stays locked while any of them lives. ``verbose``: pass on ``NOISE`` too."""
-    port = free_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a free port for the coordinator
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     children: list[subprocess.Popen] = []
     relays: list[threading.Thread] = []
     for pid, cores in enumerate(core_sets(num_processes)):

@@ -65,12 +65,6 @@ def job_run_dir(hydra_cfg) -> Path:
     return Path(str(hydra_cfg.sweep.dir)) / str(hydra_cfg.sweep.subdir)
 
 
-def job_args(experiment: str, experiments_dir: Optional[str], overrides: list[str], run_dir: Path) -> list[str]:
-    """The command line of one job on its own: what its processes are started with in a local launch."""
-    return [f"experiment={experiment}", *([f"experiments_dir={experiments_dir}"] if experiments_dir else []),
-            *overrides, f"run_dir={run_dir}"]
-
-
 @dataclasses.dataclass(frozen=True)
 class SweepJob:
     """The task function Hydra's launcher calls for each job (pickled by launchers that run jobs in other
@@ -101,10 +95,12 @@ class SweepJob:
             cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
             cached = _CHECKED.get(tuple(given))
             task = cached[1] if cached is not None and cached[0] == cfg else None
-            config_lib.check_run_dir(str(run_dir))
             resuming = check_existing(cfg, run_dir)
-            return execute(cfg, run_dir, resuming, named=True, task=task,
-                           child_args=job_args(self.experiment, self.experiments_dir, overrides, run_dir))
+            # The job's own command line: what its processes are started with in a local launch.
+            child_args = [f"experiment={self.experiment}",
+                          *([f"experiments_dir={self.experiments_dir}"] if self.experiments_dir else []),
+                          *overrides, f"run_dir={run_dir}"]
+            return execute(cfg, run_dir, resuming, named=True, task=task, child_args=child_args)
         except config_lib.ConfigError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
@@ -181,7 +177,6 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
             seen[run_dir] = num
             cfg = dataclasses.replace(config_lib.from_composed(job_cfg, experiments_dir), run_dir=str(run_dir))
             if known:
-                config_lib.check_run_dir(str(run_dir))
                 check_existing(cfg, run_dir)
             if in_process:
                 number, coordinator, process_id = devices.distributed_settings(cfg.devices, cfg.es.popsize)
@@ -190,9 +185,9 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
                          "process joins one only; allowed: devices.num_processes=auto|N on one machine (each "
                          "job starts its own processes), or a launcher that runs each job in processes of its "
                          "own (hydra/launcher=submitit_slurm)")
-            checked = check_run(cfg, setup_devices=False)
+            task = check_run(cfg, setup_devices=False)[0]
             if known:
-                _CHECKED[tuple(job)] = (cfg, checked.task)
+                _CHECKED[tuple(job)] = (cfg, task)
             checked_cfgs.append(cfg)
         except (config_lib.ConfigError, ValueError) as err:
             fail(str(err).splitlines()[0] + where)
