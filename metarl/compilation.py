@@ -49,13 +49,10 @@ def compile_program(jitted, *args):
 
 
 def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
-    """``compile_program(jitted, *args)``, compiled once for all the processes of a run.
-
-    In a multi-process CPU run process 0 compiles and hands the executable to the others through the
-    coordination service. JAX's persistent cache cannot do this on CPU: its key includes the process
-    index and only process 0 writes entries, so every other process would compile from scratch on its
-    one pinned core. Process 0 keeps the shared executable in the compilation cache directory too
-    (``_shared_cache_path``), so a repeated run loads it instead of compiling."""
+    """``compile_program(jitted, *args)``, compiled once for all the processes of a run: in a
+    multi-process CPU run process 0 compiles (or loads from ``_shared_cache_path``) and hands the
+    executable to the others through the coordination service. JAX's persistent cache cannot do this
+    on CPU: its key includes the process index and only process 0 writes entries."""
     lowered = jitted.lower(*args)
     options = compiler_options()
     if jax.process_count() == 1 or jax.devices()[0].platform != "cpu":  # JAX's cache serves accelerators

@@ -136,9 +136,8 @@ class RunConfig:
 
 # --- building and checking -------------------------------------------------------------------------
 
-def _type_name(tp) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-            dict: "a mapping", list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping",
+               list: "a list"}
 
 
 def _coerce(value, tp, path):
@@ -174,7 +173,7 @@ def _coerce(value, tp, path):
         return value
     if tp in (str, bool, dict, list) and isinstance(value, tp):
         return value
-    raise ConfigError(f"{path}: {value!r}; allowed: {_type_name(tp)}")
+    raise ConfigError(f"{path}: {value!r}; allowed: {_TYPE_NAMES.get(tp, getattr(tp, '__name__', str(tp)))}")
 
 
 def _key(field: dataclasses.Field) -> str:
@@ -328,6 +327,7 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
     malformed, several values without ``-m``, or a config group option that does not exist. The run's
     keys go to Hydra as ``++key=value``, so that any trainer field can be set (``build`` refuses
     unknown keys afterwards, with the allowed names)."""
+    from hydra import compose as hydra_compose
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from hydra.types import RunMode
@@ -346,10 +346,11 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
             options = app.config_loader.get_group_options(key)
             if override.value() not in options:
                 raise ConfigError(f"{key}: unknown option {override.value()!r}; allowed: {', '.join(sorted(options))}")
+    args = [*hydra_overrides(overrides), *search_path(experiments_dir)]
     try:
-        return app.compose_config(experiment, [*hydra_overrides(overrides), *search_path(experiments_dir)],
-                                  run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN, from_shell=multirun,
-                                  with_log_configuration=False)
+        if multirun:  # Hydra's public compose API composes a single run's config only
+            return app.compose_config(experiment, args, run_mode=RunMode.MULTIRUN, with_log_configuration=False)
+        return hydra_compose(experiment, args, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:  # one line naming the setting (OmegaConf's key)
         text = str(err).strip()
         first = (text.splitlines()[0] if text else type(err).__name__).replace("++", "").rstrip(".")

@@ -14,6 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from metarl import compilation, hardware, jax_private
 
+
 def population_mesh(popsize: int):
     """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device.
     The population must divide over the devices: padding members would cost compute for nothing."""

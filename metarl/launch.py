@@ -6,6 +6,7 @@ and returns the worst exit code; each child dies with the parent (``die_with_lau
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -23,13 +24,9 @@ from metarl import runlock
 # parent of a launch passes them on to its children. SIGHUP is what a closed terminal sends.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 ENV_LAUNCHER = "METARL_LAUNCHER_PID"
-
-
 # A child's lines from third-party C++ libraries that carry no news for a user (``logger.verbose=true``
 # keeps them): gloo, the CPU collectives jax uses between processes, prints one per process as they join.
 NOISE = re.compile(rb"\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
-
-
 _CONSOLE = threading.Lock()  # one whole line at a time, whichever child it comes from
 
 
@@ -38,22 +35,16 @@ def relay(source: BinaryIO, sink: TextIO, verbose: bool) -> None:
     ``verbose``. A console that has gone away drops the lines; the child is never blocked by it."""
     for line in iter(source.readline, b""):
         if verbose or not NOISE.match(line):
-            try:
-                with _CONSOLE:
-                    sink.write(line.decode(errors="replace"))
-                    sink.flush()
-            except (OSError, ValueError):  # a closed terminal or pipe; a closed stream
-                pass
+            with contextlib.suppress(OSError, ValueError), _CONSOLE:  # a closed terminal, pipe or stream
+                sink.write(line.decode(errors="replace"))
+                sink.flush()
     source.close()
 
 
 def core_sets(n: int) -> list[Optional[set[int]]]:
     """Cores for each of ``n`` processes: an even split of the cores this process may use."""
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux: leave placement to the OS
-        return [None] * n
-    if len(cores) < n:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < n:  # too few, or not Linux: placement is left to the OS
         return [None] * n
     per = len(cores) // n
     return [set(cores[i * per:(i + 1) * per]) for i in range(n)]
