@@ -396,8 +396,6 @@ def load(experiment: str, overrides: list[str], experiments_dir: Optional[str] =
 
 
 def from_dict(data: dict) -> RunConfig:
-    data = dict(data)
-    data.pop("hydra", None)
     return validate(build(RunConfig, data))
 
 

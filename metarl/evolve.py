@@ -22,6 +22,7 @@ from metarl.runlock import unique_dir
 SPECIAL_KEYS = ("experiment", "resume", "experiments_dir")
 CFG_TYPES = ("job", "hydra", "all")
 OPTIONS = "-m/--multirun, --cfg job|hydra|all, --package KEY, --resolve, --help, and KEY=VALUE"
+_FLAGS = {"-m": "multirun", "--multirun": "multirun", "-h": "help", "--help": "help", "--resolve": "resolve"}
 # Hydra's other command-line options, and what takes their place here.
 _INSTEAD = {"--config-name": "experiment=NAME", "-cn": "experiment=NAME", "--config-path": "experiments_dir=PATH",
             "-cp": "experiments_dir=PATH", "--config-dir": "experiments_dir=PATH", "-cd": "experiments_dir=PATH"}
@@ -51,12 +52,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
         i += 1
         if arg.startswith("-"):
             name, eq, value = arg.partition("=")
-            if name in ("-m", "--multirun") and not eq:
-                cli.multirun = True
-            elif name in ("-h", "--help") and not eq:
-                cli.help = True
-            elif name == "--resolve" and not eq:
-                cli.resolve = True
+            if name in _FLAGS and not eq:
+                setattr(cli, _FLAGS[name], True)
             elif name in ("-c", "--cfg", "-p", "--package"):
                 if not eq:
                     if i == len(argv):

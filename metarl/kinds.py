@@ -96,16 +96,8 @@ class Hyperparams(Kind):
     def start(self, component, inner, init_mean: str, seed: int):
         template = component.template()
         start = {name: getattr(inner, name) for name in component.names}
-
-        def describe_search(mean, std):
-            # The search runs over z; report it in the hyperparameters' own units, with the band
-            # decode(z -+ std), so a plot can show where the search stands every generation.
-            low = jax.tree.map(lambda m, s: m - s, mean, std)
-            high = jax.tree.map(lambda m, s: m + s, mean, std)
-            return {"mean": component.decode(mean), "low": component.decode(low), "high": component.decode(high)}
-
         try:
-            return template, (component.encode(start) if init_mean == "init" else template), describe_search
+            return template, (component.encode(start) if init_mean == "init" else template), component.describe
         except ValueError as err:  # a start outside the bounds
             raise ConfigError(str(err)) from None
 

@@ -77,5 +77,12 @@ class HyperparamSpace:
             out[name] = jnp.float32(math.log(p / (1 - p)))
         return out
 
+    def describe(self, mean: dict, std: dict) -> dict:
+        """Where the search over ``z`` stands, in the hyperparameters' own units: the mean and the band
+        ``decode(z -+ std)``, so a plot can show it every generation."""
+        low = jax.tree.map(lambda m, s: m - s, mean, std)
+        high = jax.tree.map(lambda m, s: m + s, mean, std)
+        return {"mean": self.decode(mean), "low": self.decode(low), "high": self.decode(high)}
+
     def template(self) -> dict:
         return {name: jnp.zeros((), jnp.float32) for name in self.names}
