@@ -142,3 +142,7 @@ POLICY_OBJECTIVE = register(Kind(
     formula="metarl.inner_loops.components.FormulaDrift"))
 HYPERPARAMS = register(Hyperparams("hyperparams", seam=None, baseline=lambda inner: "trainer config",
                                    plot="metarl.figures.hyperparams_plots"))
+SCHEDULE = register(Kind(
+    "schedule", seam="schedule", component="metarl.inner_loops.components.LearnedSchedules",
+    baseline=lambda inner: "PPO's hyperparameters" + (" (lr annealed)" if getattr(inner, "anneal_lr", False) else ""),
+    plot="metarl.figures.schedule_plots"))
