@@ -187,10 +187,11 @@ def build(cls, data: dict, prefix: str = ""):
     a ``_choice``."""
     hints = typing.get_type_hints(cls)
     fields = {_key(f): f for f in dataclasses.fields(cls)}
+    unknown = [k for k in data if k not in fields]
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown setting; allowed: {', '.join(fields)}")
     kwargs = {}
     for key, value in data.items():
-        if key not in fields:
-            raise ConfigError(f"{prefix}{key}: unknown setting; allowed: {', '.join(fields)}")
         field = fields[key]
         kwargs[field.name] = value = _coerce(value, hints[field.name], prefix + key)
         allowed = field.metadata.get("allowed")
