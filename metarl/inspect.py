@@ -46,6 +46,19 @@ def parse_args(argv: list[str], allowed: dict, usage: str | None = None) -> tupl
     return run_dir, options
 
 
+def at_least(least: int, expected: str, word: str | None = None):
+    """A ``parse_args`` type: an integer >= ``least``, or ``word`` as it is."""
+    def parse(value: str):
+        if value == word:
+            return value
+        if int(value) < least:
+            raise ValueError(value)
+        return int(value)
+
+    parse.expected = expected
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, options = parse_args(argv, {"error_range": (float, 5.0)}, __doc__)

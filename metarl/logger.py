@@ -1,16 +1,6 @@
-"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases and MLflow.
-
-Both trackers get, every generation at step = generation, the scalars of the record under the same
-names (``scalars``): best, mean, std, quantiles, frames/s, the signal statistics (``signal``,
-``seed_noise``, ``update_signal``, ...; docs/signal.md), the control's (``control``, ``best_vs_control``,
-...), each task's (``tasks/<name>/raw_mean``,
-...) and the decoded search distribution of a hyperparameter search (``search/mean/lr``,
-``search/low/lr``, ...); wandb also every member's fitness as a histogram (``fitness``). At the end of
-a run, both get the figures of ``python -m metarl.inspect`` (wandb: images ``figures/<name>``; MLflow:
-files under ``figures/``) and the best meta-parameters (wandb: a versioned artifact of type
-``meta-params``; MLflow: files under ``meta-params/``). MLflow also gets the resolved config as
-parameters (flattened keys such as ``es.popsize``).
-"""
+"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases and
+MLflow, which get the same scalars (``scalars``), and at the end of a run the figures and the best
+meta-parameters; what goes where is in docs/tracking.md."""
 from __future__ import annotations
 
 import hashlib
