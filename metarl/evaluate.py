@@ -339,24 +339,20 @@ def format_report(report: dict) -> str:
         lines.insert(2, f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
                         "learned function; python -m metarl.distill)")
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
-    head = f"{'task':<{width}}{'split':<12}{'learned [95% CI]':<28}"
-    head += f"{formula[0] + ' [95% CI]':<28}" if formula else ""
-    head += f"{'baseline [95% CI]':<28}{'normalised':>11}{'p (Welch)':>11}"
-    if formula:  # the learned side's and the formula's normalised score and Welch's p against the baseline
-        head = head.replace(f"{'normalised':>11}{'p (Welch)':>11}", f"{'norm. learned':>15}{'p learned':>11}")
-        head += f"{'norm. formula':>15}{'p formula':>11}"
-    lines.append(head)
+    # Per challenger (the learned side, the formula), its normalised score and Welch's p against the baseline.
+    scores = [("norm. learned", "p learned"), ("norm. formula", "p formula")] if formula else [
+        ("normalised", "p (Welch)")]
+    score_width = 15 if formula else 11
+    lines.append(f"{'task':<{width}}{'split':<12}"
+                 + "".join(f"{s + ' [95% CI]':<28}" for s in ["learned", *formula, "baseline"])
+                 + "".join(f"{n:>{score_width}}{p:>11}" for n, p in scores))
+    cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (
+        f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
     for r in report["tasks"]:
-        cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (
-            f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
-        line = f"{r['task']:<{width}}{r['split']:<12}{cell(r['sides'][learned]):<28}"
-        line += f"{cell(r['sides'][formula[0]]):<28}" if formula else ""
-        score_width = 15 if formula else 11
-        line += (f"{cell(r['sides'][baseline]):<28}{r['normalized'][learned]:>{score_width}.3f}"
-                 f"{r['test']['welch_p']:>11.3g}")
-        if formula:
-            line += f"{r['normalized'][formula[0]]:>15.3f}{r['test_formula']['welch_p']:>11.3g}"
-        lines.append(line)
+        lines.append(f"{r['task']:<{width}}{r['split']:<12}"
+                     + "".join(f"{cell(r['sides'][s]):<28}" for s in [learned, *formula, baseline])
+                     + "".join(f"{r['normalized'][s]:>{score_width}.3f}{r[test]['welch_p']:>11.3g}"
+                               for s, test in zip([learned, *formula], ["test", "test_formula"])))
     lines.append("")
     ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"
     for name, a in report["aggregate"].items():

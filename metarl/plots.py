@@ -21,9 +21,12 @@ LEARNED, BASELINE = "tab:blue", "tab:orange"
 DPI = 100
 
 
-def new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float, note: str = "", fontsize: float = 9) -> Figure:
+    """An empty figure on the Agg canvas, ``note`` (if any) its title above every panel."""
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
+    if note:
+        fig.suptitle(note, fontsize=fontsize)
     return fig
 
 
@@ -127,7 +130,7 @@ def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
 def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fixed: str = "") -> Figure:
     """Left: the learned loss shifted to 0 at zero error (raw values in the legend) beside L2 = 0.5 e^2.
     Right: its gradient with respect to the prediction beside L2's, e. ``errors`` = prediction - target."""
-    fig = new_figure(11, 4.2)
+    fig = new_figure(11, 4.2, fixed)
     l2, l2_grad = 0.5 * errors**2, errors
     zero = int(np.argmin(np.abs(errors)))
     shifted = loss - loss[zero]
@@ -152,8 +155,6 @@ def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fi
         ax.legend(*handles, fontsize=8, loc="upper center")
     fig.axes[0].set_title(f"value loss (learned at 0: {loss[zero]:.3g}, range {np.ptp(loss):.3g})")
     fig.axes[1].set_title("gradient w.r.t. the prediction")
-    if fixed:
-        fig.suptitle(fixed, fontsize=9)
     return fig
 
 
@@ -162,7 +163,7 @@ def value_loss_progress_figure(errors: np.ndarray, curves: dict, fixed: str = ""
     (loss, gradient)): left the loss shifted to 0 at zero error, right its gradient; L2 dashed."""
     import matplotlib
 
-    fig = new_figure(11, 4.2)
+    fig = new_figure(11, 4.2, fixed)
     cmap = matplotlib.colormaps["viridis"]
     zero = int(np.argmin(np.abs(errors)))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
@@ -181,8 +182,6 @@ def value_loss_progress_figure(errors: np.ndarray, curves: dict, fixed: str = ""
         ax.legend(fontsize=8, loc="upper center")
     left.set_title("learned value loss through training")
     right.set_title("its gradient w.r.t. the prediction")
-    if fixed:
-        fig.suptitle(fixed, fontsize=9)
     return fig
 
 
@@ -190,7 +189,7 @@ def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.nd
                               other_name: str, fixed: str = "") -> Figure:
     """Learned loss (shifted to 0 at the grid's zero error per row) and its gradient over error x another
     input; ``loss`` and ``grad`` have shape (len(other), len(errors))."""
-    fig = new_figure(11, 4.2)
+    fig = new_figure(11, 4.2, fixed)
     zero = int(np.argmin(np.abs(errors)))
     for i, (z, name) in enumerate(((loss - loss[:, zero:zero + 1], "learned loss - loss at e=0"),
                                    (grad, "d loss / d prediction"))):
@@ -200,8 +199,6 @@ def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.nd
         ax.set_xlabel("error e = prediction - target")
         ax.set_ylabel(other_name)
         ax.set_title(name)
-    if fixed:
-        fig.suptitle(fixed, fontsize=9)
     return fig
 
 
@@ -266,7 +263,7 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
     Where the baseline's scale differs from the learned curve's by over 5x, the learned curve and the
     formulas get their own right axis."""
     ncols = max(len(r) for r in rows)
-    fig = new_figure(5.5 * ncols, 3.6 * len(rows) + 1.2)
+    fig = new_figure(5.5 * ncols, 3.6 * len(rows) + 1.2, note, fontsize=8)
     handles = {}
     for i, row in enumerate(rows):
         for j, panel in enumerate(row):
@@ -290,8 +287,6 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
             ax.set_ylabel(panel["ylabel"])
             ax.grid(alpha=0.3)
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", fontsize=8, ncols=1)
-    if note:
-        fig.suptitle(note, fontsize=8)
     return fig
 
 
@@ -305,7 +300,7 @@ def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional
     names = list(means)
     ncols = min(4, len(names))
     nrows = -(-len(names) // ncols)
-    fig = new_figure(3.2 * ncols, 2.8 * nrows + 0.4)
+    fig = new_figure(3.2 * ncols, 2.8 * nrows + 0.4, note)
     gens = np.asarray(generations, dtype=float)
     for i, name in enumerate(names):
         ax = fig.add_subplot(nrows, ncols, i + 1)
@@ -323,8 +318,6 @@ def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional
         _generation_axis(ax, gens)
         if i == 0:
             ax.legend(fontsize=7)
-    if note:
-        fig.suptitle(note, fontsize=9)
     return fig
 
 
