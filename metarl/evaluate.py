@@ -299,8 +299,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         frames = np.arange(1, n_updates + 1) * (row["total_timesteps"] / n_updates)
         sides = {label: curves[spec.name][label] for label in labels}
         fig = plots.learning_curves_figure(
-            frames, sides, lambda c: t_interval(c, axis=0),
-            f"{task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {num_seeds} fresh seeds")
+            frames, sides, f"{task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {num_seeds} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir / FIGURES / name))
     if len(rows) > 1:

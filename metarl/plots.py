@@ -9,13 +9,15 @@ calls them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from metarl.stats import t_interval
 
 LEARNED, BASELINE = "tab:blue", "tab:orange"
 DPI = 100
@@ -323,14 +325,14 @@ def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional
 
 # --- evaluation -----------------------------------------------------------------------------------
 
-def learning_curves_figure(frames: np.ndarray, curves: dict, ci: Callable[[np.ndarray], tuple], title: str = "") -> Figure:
-    """Mean return per update over seeds with a band ``ci(curves) -> (low, high)`` per side;
-    ``curves`` maps a label to an array (seeds, updates)."""
+def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") -> Figure:
+    """Mean return per update over seeds with its 95% t-interval per side; ``curves`` maps a label to
+    an array (seeds, updates)."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
     for (label, c), colour in zip(curves.items(), (LEARNED, BASELINE, "tab:green", "tab:red")):
         c = np.asarray(c, dtype=float)
-        low, high = ci(c)
+        low, high = t_interval(c, axis=0)
         ax.fill_between(frames, low, high, color=colour, alpha=0.25, lw=0)
         ax.plot(frames, np.nanmean(c, axis=0), color=colour, lw=2, label=f"{label} (n={c.shape[0]})")
     ax.set_xlabel("environment frames")

@@ -210,27 +210,20 @@ def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
     return {"final": lambda curve: final_window_mean(curve, window), "auc": lambda curve: curve.mean(axis=-1)}[name]
 
 
-def component_from_config(cfg: RunConfig, specs: list | None = None):
-    kind = kinds.get(cfg.component.get("kind"))
-    specs = task_specs(cfg) if specs is None else specs
-    configs = [inner_config(cfg, spec) for spec in specs]
-    algo = configs[0][0]
-    inners = [c[2] for c in configs]
-    # A trainer's searchable hyperparameters are its config's pytree fields (all fields of a plain
-    # dataclass); a config that is no dataclass offers none.
-    fields = dataclasses.fields(inners[0]) if dataclasses.is_dataclass(inners[0]) else ()
-    floats = [f.name for f in fields if f.metadata.get("pytree_node", True)]
-    spec = {k: v for k, v in cfg.component.items() if k != "kind"}
-    return kind, algo, inners, kind.build(spec, floats)
-
-
 def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
     """Everything checked and built before any compilation; raises ConfigError on bad settings.
 
     ``specs`` replaces the run's own tasks (e.g. its held-out ``eval_tasks``)."""
     specs = task_specs(cfg) if specs is None else specs
-    kind, algo, inners, component = component_from_config(cfg, specs)
-    module = trainer_module(type(inners[0]))
+    kind = kinds.get(cfg.component.get("kind"))
+    configs = [inner_config(cfg, spec) for spec in specs]
+    algo, module, _ = configs[0]
+    inners = [c[2] for c in configs]
+    # A trainer's searchable hyperparameters are its config's pytree fields (all fields of a plain
+    # dataclass); a config that is no dataclass offers none.
+    fields = dataclasses.fields(inners[0]) if dataclasses.is_dataclass(inners[0]) else ()
+    component = kind.build({k: v for k, v in cfg.component.items() if k != "kind"},
+                           [f.name for f in fields if f.metadata.get("pytree_node", True)])
     if kind.seam is not None and kind.seam not in trainer_protocol.seams(module):
         raise ConfigError(f"inner.algo: {algo!r} has no {kind.seam} seam (its module's SEAMS does not list it); "
                           "allowed: ppo, or a trainer whose make_train takes it and whose SEAMS lists it")
