@@ -9,6 +9,7 @@ distils the best found up to kept checkpoint G. Needs ``pip install metarl[disti
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -236,10 +237,8 @@ def readable(text: str, variables: tuple, scale: float):
         forms.append(sympy.simplify(expr))
     forms = [_rounded(f, scale) for f in forms]
     inputs = {c: sympy.Symbol(n, real=True) - CENTRES.get(n, 0) for c, n in zip(columns, variables)}
-    if any(n in CENTRES for n in variables):
-        with sympy.evaluate(False):  # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
-            forms = [f.xreplace(inputs) for f in forms]
-    else:
+    # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
+    with sympy.evaluate(False) if any(n in CENTRES for n in variables) else contextlib.nullcontext():
         forms = [f.xreplace(inputs) for f in forms]
     return min(forms, key=size)
 
