@@ -457,3 +457,50 @@ class ValueLossFamily:
         base = L2_VALUE_LOSS.apply({}, value, old_value, target, config) + meta_params["clip_mix"] * towards_clipped
         return (jnp.exp(meta_params["log_scale"]) * base + meta_params["over"] * 0.5 * jnp.square(jax.nn.relu(error))
                 + meta_params["huber"] * optax.huber_loss(value, target))
+
+
+# --- schedules: PPO's hyperparameters over training ---------------------------------------------
+# A schedule component has ``init(key)`` and ``apply(meta_params, progress) -> {field: multiplier}``,
+# the multipliers of float hyperparameters at this point of training (PPO's ``schedule`` seam: the
+# learning rate scales each update's step, the others scale the config's value for the update).
+
+SCHEDULED_FIELDS = ("lr", "ent_coef", "clip_eps")
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantSchedule:
+    """PPO's own schedule: no multipliers (the config's values, and its learning-rate annealing)."""
+
+    def init(self, key):
+        return {}
+
+    def apply(self, meta_params, progress: Progress):
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedSchedules:
+    """Multipliers exp(c0 + c1 t + c2 t^2) of ``fields`` over training, t the fraction of training
+    done: a learned scale and shape of the learning rate (on top of ``anneal_lr``), the entropy bonus
+    and the clip range (TA-LPO's dynamic clipping, update and entropy annealing). Meta-parameters:
+    ``degree + 1`` coefficients per field; zero is the config's own values exactly."""
+
+    fields: tuple = SCHEDULED_FIELDS
+    degree: int = 2
+
+    def __post_init__(self):
+        unknown = [f for f in self.fields if f not in SCHEDULED_FIELDS]
+        if unknown or not self.fields:
+            raise ValueError(f"fields: {list(self.fields)!r}; allowed: one or more of {', '.join(SCHEDULED_FIELDS)}")
+        if not (isinstance(self.degree, int) and 0 <= self.degree <= 4):
+            raise ValueError(f"degree: {self.degree!r}; allowed: an integer from 0 to 4")
+
+    def init(self, key):
+        return {field: jnp.zeros((self.degree + 1,)) for field in self.fields}
+
+    def apply(self, meta_params, progress: Progress):
+        powers = progress.fraction ** jnp.arange(self.degree + 1)
+        return {field: jnp.exp(jnp.dot(meta_params[field], powers)) for field in self.fields}
+
+
+CONSTANT_SCHEDULE = ConstantSchedule()

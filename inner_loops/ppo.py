@@ -15,12 +15,13 @@ of them vmaps through one compilation:
     lrs = jnp.array([1e-4, 3e-4, 1e-3])
     jax.vmap(lambda lr, k: make_train(config.replace(lr=lr))(k))(lrs, keys)
 
-Two seams take meta-learned components (see ``metarl.inner_loops.components``): ``value_loss`` (per-sample
-loss from prediction, old prediction and target) and ``policy_objective`` (per-sample objective from
-probability ratio and advantage). Their defaults are PPO's clipped value loss and clipped surrogate.
-``train(key, meta_params)`` takes the layout every trainer here takes, a dict keyed by what each entry
-replaces: ``meta_params["value_loss"]`` and ``meta_params["policy_objective"]`` go to the seams, and a
-float hyperparameter (names in ``FLOAT_FIELDS``) replaces the config's value.
+Three seams take meta-learned components (see ``metarl.inner_loops.components``): ``value_loss`` (per-sample
+loss from prediction, old prediction and target), ``policy_objective`` (per-sample objective from
+probability ratio and advantage) and ``schedule`` (multipliers of lr, ent_coef and clip_eps from the
+training progress, once per update). Their defaults are PPO's clipped value loss, clipped surrogate and
+constant hyperparameters. ``train(key, meta_params)`` takes the layout every trainer here takes, a dict
+keyed by what each entry replaces: ``meta_params[SEAM]`` goes to that seam, and a float hyperparameter
+(names in ``FLOAT_FIELDS``) replaces the config's value.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from metarl.inner_loops.config_checks import static as _static
 from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
+    CONSTANT_SCHEDULE,
     L2_VALUE_LOSS,
     Component,
     Progress,
@@ -149,7 +151,7 @@ class PPOConfig:
 
 # Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
 FLOAT_FIELDS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
-SEAMS = ("value_loss", "policy_objective")  # make_train's keywords for learned components
+SEAMS = ("value_loss", "policy_objective", "schedule")  # make_train's keywords for learned components
 
 
 # --- transitions and the maths ------------------------------------------------------------------
@@ -256,7 +258,7 @@ def _meta(meta_params, name):
 # --- training -----------------------------------------------------------------------------------
 
 def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
-               policy_objective: Component = CLIPPED_SURROGATE,
+               policy_objective: Component = CLIPPED_SURROGATE, schedule: Component = CONSTANT_SCHEDULE,
                ) -> Callable[[jax.Array, Any], tuple[Any, dict[str, jax.Array]]]:
     """Validate ``config`` and return ``train(key, meta_params=None) -> (params, metrics)``.
 
@@ -310,7 +312,7 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                          optax.adam(lr_schedule, eps=1e-5))
         opt_state = tx.init(params)
 
-        def loss_fn(p, mb, progress):
+        def loss_fn(p, mb, progress, config):
             return ppo_loss(p, network.apply, mb, config, meta_params, value_loss, policy_objective,
                             continuous, progress)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -319,6 +321,9 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             key, i_update = xs
             params, opt_state, env_state, obs, ep_return, last_mean = carry
             progress = training_progress(i_update, n_updates)
+            scales = schedule.apply(_meta(meta_params, "schedule"), progress)
+            step_scale = scales.pop("lr", None)
+            update_config = config.replace(**{k: getattr(config, k) * m for k, m in scales.items()})
             k_act, k_env, k_perm, k_reset = jax.random.split(key, 4)
             # Every random number of the rollout in two draws, not two per step.
             if continuous:
@@ -384,8 +389,10 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
 
             def minibatch(c, mb):
                 params, opt_state = c
-                (_, aux), grads = grad_fn(params, mb, progress)
+                (_, aux), grads = grad_fn(params, mb, progress, update_config)
                 updates, opt_state = tx.update(grads, opt_state, params)
+                if step_scale is not None:  # Adam's step is proportional to its learning rate
+                    updates = jax.tree.map(lambda u: u * step_scale, updates)
                 return (optax.apply_updates(params, updates), opt_state), aux
 
             (params, opt_state), aux = jax.lax.scan(minibatch, (params, opt_state), minibatches)

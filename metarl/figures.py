@@ -152,3 +152,18 @@ def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple |
     elif task.kind.plot is not None:  # a search without a seam plots its trajectory, best or not
         paths += task.kind.figures(run_dir, cfg, task, meta, info, out, error_range)
     return paths
+
+
+def schedule_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
+    """The learned hyperparameters over training beside PPO's own (``schedule.png``)."""
+    inner = task.inner_configs[0]
+    t = np.linspace(0.0, 1.0, 101)
+    scales = jax.vmap(lambda f: task.component.apply(meta, Progress(f, jnp.log(jnp.float32(num_updates(inner))))))(
+        jnp.asarray(t, jnp.float32))
+    curves = {}
+    for field, scale in scales.items():
+        own = np.full_like(t, float(getattr(inner, field)))
+        if field == "lr" and getattr(inner, "anneal_lr", False):
+            own = own * (1.0 - t)
+        curves[field] = (own * np.asarray(scale), own)
+    return [plots.save(plots.schedule_figure(t, curves, f"{task.kind.baseline(inner)} (dashed)"), out / "schedule.png")]

@@ -7,6 +7,8 @@ hand-designed side it is compared with, its figures and, for ``metarl.distill``,
 - ``value_loss``: a component replaces PPO's value loss (by default the MLP of
   ``metarl.inner_loops.components.MLPValueLoss``);
 - ``policy_objective``: a component replaces PPO's clipped objective (by default the LPO drift, ``LPODrift``);
+- ``schedule``: a component scales PPO's lr, ent_coef and clip_eps over training (by default
+  ``LearnedSchedules``);
 - ``hyperparams``: the trainer's float hyperparameters, searched in a bounded space (no seam).
 
 A kind of your own is one ``Kind``: registered before the run's config is built, or named by its dotted
@@ -161,3 +163,7 @@ POLICY_OBJECTIVE = register(Kind(
     formula="metarl.inner_loops.components.FormulaDrift"))
 HYPERPARAMS = register(Hyperparams("hyperparams", seam=None, baseline=lambda inner: "trainer config",
                                    plot="metarl.figures.hyperparams_plots"))
+SCHEDULE = register(Kind(
+    "schedule", seam="schedule", component="metarl.inner_loops.components.LearnedSchedules",
+    baseline=lambda inner: "PPO's hyperparameters" + (" (lr annealed)" if getattr(inner, "anneal_lr", False) else ""),
+    plot="metarl.figures.schedule_plots"))

@@ -406,3 +406,17 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
     agg.set_xlim(-0.6, len(names) - 0.4)
     agg.set_title("IQM (stratified bootstrap 95% CI)", fontsize=9)
     return fig
+
+
+def schedule_figure(progress: np.ndarray, curves: dict, baseline: str) -> Figure:
+    """One panel per hyperparameter: ``curves[name] = (learned, baseline)`` over the training progress."""
+    fig = new_figure(4.0 * len(curves), 3.2)
+    for i, (name, (learned, own)) in enumerate(curves.items()):
+        ax = fig.add_subplot(1, len(curves), i + 1)
+        ax.plot(progress, learned, color=LEARNED, label="learned")
+        ax.plot(progress, own, "--", color=BASELINE, label=baseline)
+        ax.set_xlabel("fraction of training done")
+        ax.set_title(name)
+        if i == 0:
+            ax.legend(fontsize=7)
+    return fig

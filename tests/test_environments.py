@@ -167,3 +167,15 @@ def test_evaluate_reports_the_brax_and_grid_suite_tasks(tmp_path):
     for row in rows.values():
         assert sorted(label.split()[0] for label in row["sides"]) == ["baseline:", "learned"]
         assert all(np.isfinite(side["mean"]) for side in row["sides"].values())
+
+
+def test_an_environment_first_built_under_jit_is_cached_as_arrays_not_tracers():
+    # make_train inside a jitted function builds (and caches) the environment during tracing; the
+    # cached parameters must still work outside that trace.
+    envs._BUILT.pop(("Acrobot-v1", ()), None)  # Acrobot's parameters hold arrays
+    cfg = PPOConfig(env="Acrobot-v1", num_envs=2, num_steps=4, total_timesteps=8, update_epochs=1,
+                    num_minibatches=1)
+    jax.jit(lambda k: make_train(cfg)(k)[1]["episode_return"])(jax.random.key(0))
+    _, params = envs.make("Acrobot-v1")
+    assert all(not isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(params))
+    make_train(cfg)(jax.random.key(1))

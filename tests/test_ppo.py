@@ -9,6 +9,7 @@ from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
     L2_VALUE_LOSS,
     DriftFamily,
+    LearnedSchedules,
     LPODrift,
     MLPValueLoss,
     ValueLossFamily,
@@ -365,6 +366,32 @@ def test_the_clip_range_schedule_moves_with_training_progress():
                    for i in (0, 99))
     np.testing.assert_allclose(early, CLIPPED_SURROGATE.apply(None, ratio, adv, cfg), rtol=1e-6)
     np.testing.assert_allclose(float(late.max()), 1.0 + 0.2 * np.exp(-0.99), rtol=1e-5)
+
+
+def test_learned_schedules_at_zero_are_ppo_and_a_constant_scale_is_a_scaled_hyperparameter():
+    # The schedule seam: zero is PPO's own hyperparameters (every multiplier exactly 1 all through
+    # training); exp(c0) on a field trains as the config with that field times exp(c0).
+    family = LearnedSchedules()
+    zero = family.init(None)
+    for i in (0, 3, 99):
+        scales = family.apply(zero, training_progress(jnp.int32(i), 100))
+        assert {k: float(v) for k, v in scales.items()} == {"lr": 1.0, "ent_coef": 1.0, "clip_eps": 1.0}
+    cfg = PPOConfig(**TINY, ent_coef=0.05)
+    key = jax.random.key(5)
+    learned = jax.jit(make_train(cfg, schedule=family))
+    _, m_ppo = jax.jit(make_train(cfg))(key)
+    _, m_zero = learned(key, {"schedule": zero})
+    for name in m_ppo:
+        np.testing.assert_allclose(m_zero[name], m_ppo[name], rtol=1e-5, atol=1e-6)
+    scaled = {"lr": 2.0, "ent_coef": 3.0, "clip_eps": 0.5}
+    meta = {k: jnp.array([np.log(v), 0.0, 0.0]) for k, v in scaled.items()}
+    _, m_meta = learned(key, {"schedule": meta})
+    _, m_cfg = jax.jit(make_train(cfg.replace(**{k: getattr(cfg, k) * v for k, v in scaled.items()})))(key)
+    for name in m_cfg:
+        np.testing.assert_allclose(m_meta[name], m_cfg[name], rtol=1e-4, atol=1e-5)
+    assert not np.allclose(m_meta["value_loss"], m_ppo["value_loss"])
+    with pytest.raises(ValueError, match=r"^fields: \['gamma'\]; allowed: one or more of lr, ent_coef, clip_eps$"):
+        LearnedSchedules(fields=("gamma",))
 
 
 def test_value_loss_family_moves_between_clipped_and_unclipped_l2():

@@ -101,13 +101,16 @@ def build(name: str, kwargs: Any = (), field: str = "env") -> tuple[Any, Any]:
     if target is None:
         raise ConfigError(f"{field}: unknown environment {full!r}; allowed: {', '.join(available())}, "
                           "or the dotted path of a gymnax environment class of your own")
-    if isinstance(target, str):
-        built = plugins.instantiate(target, kwargs, field, f"{field.removesuffix('._target_')}.")
-    else:
-        try:
-            built = target(**kwargs)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"{field}: {full} failed to build ({type(err).__name__}: {err})") from None
+    # Built eagerly even when called under a transformation (make_train inside jit or vmap), so that
+    # the cached parameters are arrays, never a trace's tracers.
+    with jax.ensure_compile_time_eval():
+        if isinstance(target, str):
+            built = plugins.instantiate(target, kwargs, field, f"{field.removesuffix('._target_')}.")
+        else:
+            try:
+                built = target(**kwargs)
+            except (TypeError, ValueError) as err:
+                raise ConfigError(f"{field}: {full} failed to build ({type(err).__name__}: {err})") from None
     env, params = built if isinstance(built, tuple) else (built, getattr(built, "default_params", None))
     missing = [m for m in INTERFACE if not callable(getattr(env, m, None))] + ["default_params"] * (params is None)
     if missing:
