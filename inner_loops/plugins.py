@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 TARGET = "_target_"
 
@@ -69,13 +69,15 @@ def constructor_arguments(cls: Any) -> tuple[list[str], bool]:
     return names, True
 
 
-def instantiate(path: str, args: dict, field: str, arg_prefix: str, injected: dict | None = None,
-                reserved: tuple = ()) -> Any:
+def instantiate(path: str, args: dict, field: str, arg_field: str | Callable[[str], str],
+                injected: dict | None = None, reserved: tuple = ()) -> Any:
     """Build the class at ``path`` with the config's ``args`` plus the objects metarl hands it
-    (``injected``, e.g. the parameter template); ``arg_prefix`` names an argument in errors."""
+    (``injected``, e.g. the parameter template). ``arg_field`` names an argument in errors: a prefix
+    (``"component."``) or ``argument -> field``, for arguments that come from several places."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
+    name_of = arg_field if callable(arg_field) else (lambda key: f"{arg_field}{key}")
     cls = locate(path, field)
     if not callable(cls):
         raise ConfigError(f"{field}: {path!r} is not a class; allowed: the dotted path of a class")
@@ -83,10 +85,10 @@ def instantiate(path: str, args: dict, field: str, arg_prefix: str, injected: di
     injected = dict(injected or {})
     for key in args:
         if key in reserved or key in injected:
-            raise ConfigError(f"{arg_prefix}{key}: set by metarl, not by the config; allowed: "
+            raise ConfigError(f"{name_of(key)}: set by metarl, not by the config; allowed: "
                               f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
         if not any_kwargs and key not in names:
-            raise ConfigError(f"{arg_prefix}{key}: not an argument of {path}; allowed: "
+            raise ConfigError(f"{name_of(key)}: not an argument of {path}; allowed: "
                               f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
     # Hydra builds the class with the config's arguments (a nested `_target_` among them is built
     # too); lists are handed over as tuples afterwards, since Hydra would turn them back into lists and
@@ -106,7 +108,8 @@ def instantiate(path: str, args: dict, field: str, arg_prefix: str, injected: di
     message = _first_line(cause)
     if isinstance(cause, ValueError) and ":" in message.split(";")[0]:
         # The class names its own argument first ("hidden: ...; allowed: ..."), as metarl's do.
-        raise ConfigError(f"{arg_prefix}{message}") from None
+        key, _, rest = message.partition(":")
+        raise ConfigError(f"{name_of(key)}:{rest}") from None
     raise ConfigError(f"{field}: {path} failed to build ({type(cause).__name__}: {message})") from None
 
 

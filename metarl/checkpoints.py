@@ -101,33 +101,26 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def restore(self, template_state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint to restore")
         abstract = jax.tree.map(lambda x: np.zeros(np.shape(_to_host(x, False)), _to_host(x, False).dtype),
                                 template_state)
-        ocp = _ocp()
-        try:
-            restored = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-            state = jax.tree.map(_from_host, restored["state"], template_state)
-        except Exception as err:  # Orbax raises many types for unreadable data
-            raise CheckpointError(f"{self.run_dir / CKPT_DIR / str(step)}: checkpoint unreadable "
-                                  f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
-        return state, restored["meta"]
+        restored = self._read(step, state=abstract)
+        return jax.tree.map(_from_host, restored["state"], template_state), restored["meta"]
 
     def read_meta(self, step: Optional[int] = None) -> dict:
         """The JSON part only (history and config): enough for plots, no template needed."""
+        return self._read(step)["meta"]
+
+    def _read(self, step: Optional[int], **abstract) -> dict:
         step = self.latest_step() if step is None else step
         if step is None:
-            raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint")
+            raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint to restore")
         ocp = _ocp()
+        parts = {name: ocp.args.StandardRestore(tree) for name, tree in abstract.items()}
         try:
-            restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        except Exception as err:
+            return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **parts))
+        except Exception as err:  # Orbax raises many types for unreadable data
             raise CheckpointError(f"{self.run_dir / CKPT_DIR / str(step)}: checkpoint unreadable "
-                                  f"({type(err).__name__})") from None
-        return restored["meta"]
+                                  f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
 
     def close(self):
         self.manager.close()

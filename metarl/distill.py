@@ -1,45 +1,28 @@
 """``python -m metarl.distill RUN_DIR [generation=best] [max_size=25] [seed=0] [evaluations=200000]
 [samples=2000]``: closed-form formulas read off a run's learned value loss or policy objective.
 
-1. Training with the learned component is re-run once per task (one agent, the run's own horizon)
-   and the component's inputs are recorded at every minibatch: that is the range training visits.
-2. ``samples`` points are drawn there: half from the recorded inputs themselves (where training is),
-   half uniformly over the box of their 0.5%-99.5% quantiles (so the edges count too); ``progress``
-   is uniform on [0, 1]; an input seen at one value only (``log_updates`` when all tasks share a
-   horizon) is held at it.
-3. Symbolic regression (pyoperon, NSGA-II over fit and length, one thread, seeded) fits formulas
-   to the learned function there: for a value loss the loss itself, for a policy objective the
-   learned part of LPO's drift (what the network adds inside relu(... + PPO's drift); for an
-   objective of your own, r A - objective). ``max_size`` bounds the search's formula length
-   (a weighted input counts as one node) and ``evaluations`` its budget.
-4. Each formula is simplified with sympy, its numbers rounded to 4 significant digits, and scored
-   again as rounded: size = nodes of the simplified expression, NMSE = mean squared error / variance
-   of the learned function over the points. The formulas no other beats on both form the front.
-
-Prints the front, writes RUN_DIR/distill.json (the front; entry K is
-``python -m metarl.evaluate RUN_DIR distilled=K``, and its ``component`` is the config of a
-``FormulaValueLoss`` / ``FormulaDrift`` that ``metarl.evaluate`` and code of your own use) and
-RUN_DIR/figures/distill.png (the learned function, the chosen formulas and the baseline).
-
-``generation=G`` distils the best member found up to generation G, read from that generation's
-kept checkpoint; ``best`` the run's exported best. Needs the ``distill`` extra
-(``pip install metarl[distill]``). A hyperparameter run has nothing to distill: one ``error:``
-line, exit 2, as for any bad input.
+Records the component's inputs over one training per task, samples points where training goes, fits
+formulas to the learned function there by symbolic regression (pyoperon, seeded) and keeps the front
+of size against NMSE. Prints the front and writes RUN_DIR/distill.json (entry K is
+``python -m metarl.evaluate RUN_DIR distilled=K``) and RUN_DIR/figures/distill.png. ``generation=G``
+distils the best found up to kept checkpoint G. Needs ``pip install metarl[distill]``; docs/distill.md.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
 import time
 import warnings
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from metarl.cli import FIGURES, fail
-from metarl.inspect import parse_args
+from metarl.inspect import at_least, parse_args
 
 DISTILL_JSON = "distill.json"
 FIGURE = "distill.png"
@@ -92,42 +75,41 @@ def problem_for(task) -> Problem:
     return Problem(task.kind, DRIFT_INPUTS, variables, {}, "the drift r A - objective", {"ppo_init": False})
 
 
-def _progress(points: dict):
-    from metarl.inner_loops.components import Progress
+def function_at(kind, comp, meta, points: dict, config):
+    """What a formula stands for, at ``points`` ({input: array}): a value loss's loss, else the drift
+    r A - objective."""
+    from metarl import kinds
+    from metarl.inner_loops.components import Progress, apply_component
 
-    return Progress(points["progress"], points["log_updates"])
+    progress = Progress(points["progress"], points["log_updates"]) if getattr(comp, "temporal", False) else None
+    if kind is kinds.VALUE_LOSS:
+        target = points["target"]
+        return apply_component(comp, progress, meta, target + points["error"], target + points["old_error"], target,
+                               config)
+    r, a = points["ratio"], points["advantage"]
+    return r * a - apply_component(comp, progress, meta, r, a, config)
 
 
 def learned_values(task, meta, points: dict) -> np.ndarray:
-    """The function a formula is fitted to, at ``points`` ({input: array}, every input of the kind)."""
+    """The function a formula is fitted to, at ``points`` ({input: array}, every input of the kind):
+    LPO's learned part, else ``function_at``."""
     import jax.numpy as jnp
 
     from metarl import kinds
-    from metarl.inner_loops.components import apply_component
+    from metarl.inner_loops.components import Progress
 
-    comp, config = task.component, task.inner_config
+    comp = task.component
     p = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
-    progress = _progress(p) if getattr(comp, "temporal", False) else None
-    if task.kind is kinds.VALUE_LOSS:
-        value, old_value = p["target"] + p["error"], p["target"] + p["old_error"]
-        return np.asarray(apply_component(comp, progress, meta, value, old_value, p["target"], config))
-    if hasattr(comp, "learned_part"):
+    if task.kind is not kinds.VALUE_LOSS and hasattr(comp, "learned_part"):
+        progress = Progress(p["progress"], p["log_updates"]) if comp.temporal else None
         return np.asarray(comp.learned_part(meta, p["ratio"], p["advantage"], progress))
-    return np.asarray(p["ratio"] * p["advantage"]
-                      - apply_component(comp, progress, meta, p["ratio"], p["advantage"], config))
+    return np.asarray(function_at(task.kind, comp, meta, p, task.inner_config))
 
 
 def formula_spec(problem: Problem, expression: str) -> dict:
     """The config of the formula component (``component.*``): kind, _target_ and its arguments."""
     return {"kind": problem.kind.name, "_target_": problem.kind.formula, "expression": expression,
             **problem.component_args}
-
-
-def formula_component(spec: dict):
-    from metarl.inner_loops import plugins
-
-    args = {k: v for k, v in spec.items() if k not in ("kind", plugins.TARGET)}
-    return plugins.locate(spec[plugins.TARGET], "component._target_")(**args)
 
 
 # --- the range training visits ---------------------------------------------------------------------------
@@ -255,10 +237,8 @@ def readable(text: str, variables: tuple, scale: float):
         forms.append(sympy.simplify(expr))
     forms = [_rounded(f, scale) for f in forms]
     inputs = {c: sympy.Symbol(n, real=True) - CENTRES.get(n, 0) for c, n in zip(columns, variables)}
-    if any(n in CENTRES for n in variables):
-        with sympy.evaluate(False):  # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
-            forms = [f.xreplace(inputs) for f in forms]
-    else:
+    # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
+    with sympy.evaluate(False) if any(n in CENTRES for n in variables) else contextlib.nullcontext():
         forms = [f.xreplace(inputs) for f in forms]
     return min(forms, key=size)
 
@@ -280,12 +260,6 @@ def size(expr) -> int:
     import sympy
 
     return sum(1 for _ in sympy.preorder_traversal(expr))
-
-
-def text_of(expr) -> str:
-    import sympy
-
-    return sympy.sstr(expr, full_prec=False)
 
 
 def pareto_front(candidates: list[dict]) -> list[dict]:
@@ -333,7 +307,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     candidates, seen = [], set()
     for text in found:
         expr = readable(text, problem.variables, scale)
-        expression = text_of(expr)
+        expression = sympy.sstr(expr, full_prec=False)
         if expression in seen:
             continue
         seen.add(expression)
@@ -348,7 +322,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
         "kind": task.kind.name, "component": type(task.component).__name__, "fitted": problem.fitted,
         "variables": list(problem.variables), "fixed": problem.fixed, "ranges": ranges,
         "quantiles": list(QUANTILES), "samples": samples, "recorded": len(next(iter(visited.values()))),
-        "search": {"library": f"pyoperon {_version('pyoperon')}", "operators": OPERATORS, "max_size": max_size,
+        "search": {"library": f"pyoperon {version('pyoperon')}", "operators": OPERATORS, "max_size": max_size,
                    "evaluations": evaluations, "seed": seed, "seconds": round(search_s, 2)},
         "recording_seconds": round(recorded_s, 2),
         "suggested": good[0] if good else front[-1]["k"],
@@ -391,12 +365,6 @@ def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: in
     return report
 
 
-def _version(package: str) -> str:
-    from importlib.metadata import version
-
-    return version(package)
-
-
 def meta_params_at(run_dir: Path, cfg, task, generation):
     """``(meta_params, info)``: the exported best, or the best found up to a kept checkpoint's generation."""
     import jax
@@ -424,13 +392,6 @@ def meta_params_at(run_dir: Path, cfg, task, generation):
 
 # --- the figure ----------------------------------------------------------------------------------------
 
-def drawn(report: dict) -> list[dict]:
-    """The formulas drawn: the smallest, the suggested and the most accurate."""
-    front = report["front"]
-    ks = sorted({0, report["suggested"], len(front) - 1})
-    return [front[k] for k in ks]
-
-
 def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     """Value loss: the loss (shifted to 0 at error 0) and its gradient over the error; policy objective:
     the drift over the ratio at a typical positive and negative advantage. Learned, the drawn
@@ -439,7 +400,7 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     import jax.numpy as jnp
 
     from metarl import kinds, plots
-    from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS, apply_component
+    from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS
 
     config, grid = task.inner_config, 201
     value_loss = problem.kind is kinds.VALUE_LOSS
@@ -449,26 +410,24 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     # Inputs not drawn: fitted ones at their visited median, the rest at their one value (or 0).
     base = {n: float(np.median(visited[n])) if n in problem.variables else problem.fixed.get(n, 0.0)
             for n in problem.inputs}
+    front = report["front"]  # drawn: the smallest, the suggested and the most accurate formula
     sides = [("learned", task.component, meta, "learned")]
     sides += [(f"formula {e['k']} (size {e['size']}, NMSE {e['nmse']:.2g})"
                + (f": {plots.math_label(e['latex'])}" if plots.math_label(e["latex"]) else ""),
-               formula_component(e["component"]), {}, "formula") for e in drawn(report)]
+               problem.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
+              for e in (front[k] for k in sorted({0, report["suggested"], len(front) - 1}))]
     sides.append(("L2: 0.5 δ²", L2_VALUE_LOSS, {}, "baseline") if value_loss else
                  (f"PPO (clip_eps={float(config.clip_eps):g})", CLIPPED_SURROGATE, {}, "baseline"))
 
     def side_fn(comp):
         """Jitted ``(m, pts) -> (value, gradient w.r.t. the prediction or None)`` of one side."""
         def fn(m, pts):
-            progress = _progress(pts) if getattr(comp, "temporal", False) else None
+            y = function_at(problem.kind, comp, m, pts, config)
             if not value_loss:
-                r, a = pts["ratio"], pts["advantage"]
-                return r * a - apply_component(comp, progress, m, r, a, config), None
-
-            def loss(v):
-                return apply_component(comp, progress, m, v, pts["target"] + pts["old_error"], pts["target"], config)
-
-            value = pts["target"] + pts["error"]
-            return loss(value), jax.grad(lambda v: loss(v).sum())(value)  # elementwise: each sample's own gradient
+                return y, None
+            # elementwise: each sample's own gradient (the prediction moves with the error)
+            return y, jax.grad(lambda e: function_at(problem.kind, comp, m, {**pts, "error": e}, config).sum())(
+                pts["error"])
         return jax.jit(fn)
 
     fns = [side_fn(comp) for _, comp, _, _ in sides]
@@ -537,17 +496,6 @@ def _constructor(spec: dict) -> str:
     return f"from {module} import {name}; {name}({args})"
 
 
-def _generation_arg(value: str):
-    if value == "best":
-        return value
-    if int(value) < 0:
-        raise ValueError(value)
-    return int(value)
-
-
-_generation_arg.expected = "value (best or a checkpointed generation number)"
-
-
 def load_formula(run_dir: Path, k: int) -> dict:
     """Entry ``k`` of the run's distill.json; a bad ``k`` or a missing file ends the CLI with one line."""
     path = Path(run_dir) / DISTILL_JSON
@@ -561,8 +509,9 @@ def load_formula(run_dir: Path, k: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    run_dir, opts = parse_args(argv, {"generation": (_generation_arg, "best"), "max_size": (int, 25),
-                                      "seed": (int, 0), "evaluations": (int, 200_000), "samples": (int, 2000)}, __doc__)
+    generation = at_least(0, "value (best or a checkpointed generation number)", "best")
+    run_dir, opts = parse_args(argv, {"generation": (generation, "best"), "max_size": (int, 25), "seed": (int, 0),
+                                      "evaluations": (int, 200_000), "samples": (int, 2000)}, __doc__)
     for name, least in (("max_size", 3), ("evaluations", 1000), ("samples", 10)):
         if opts[name] < least:
             fail(f"{name}: {opts[name]}; allowed: >= {least}")

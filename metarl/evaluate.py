@@ -1,28 +1,15 @@
 """``python -m metarl.evaluate RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_processes=auto]
 [distilled=K]``: the learned component against the hand-designed baseline on fresh seeds, on the tasks the
 run trained on and on its held-out ``eval_tasks`` (or on ``tasks=[...]``, or on one ``env``/``total_timesteps``).
-With ``distilled=K`` formula K of the run's ``metarl.distill`` front (RUN_DIR/distill.json) is a third
-side, trained on the same keys and scored against the baseline as the learned side is.
+``distilled=K`` adds formula K of the run's ``metarl.distill`` front (RUN_DIR/distill.json) as a third side.
 
-Prints one table (task, trained-on or held-out, learned and baseline mean with 95% CIs, the learned
-side's normalised score, Welch's p) and, per split, the interquartile mean of the normalised scores
-with stratified-bootstrap CIs and the probability of improvement (rliable's estimators, computed by
-``metarl.stats``). A normalised score is (R - random policy) / (baseline mean - random policy) on
-that task, so the baseline scores 1.
-
-Per task it trains ``num_seeds`` agents with the run's best exported meta-parameters and as many with
-the baseline (L2 value loss / PPO's clipped objective / the trainer's config unchanged for a
-hyperparameter search), each side in one vmapped, jitted call (the learned component or
-hyperparameters applied as they are), plus a random policy. The final return is the mean episode
-return over the last 10% of updates; the JSON also holds Mann-Whitney U tests. Writes
-RUN_DIR/evaluation[SUFFIX].json and RUN_DIR/figures/evaluation[SUFFIX]*.png (a suffix names env,
-total_timesteps, a tasks list or the formula, so evaluations at other settings never overwrite each other). On a CPU the agents are split over one
-process per usable core (``num_processes=auto``, the default; ``num_processes=1`` keeps one).
-
-Seeds: agent i trains from ``fold_in(key(10_000), i)``. Evolution draws every key by ``split`` from
-``key(cfg.seed)``; a different root key gives an unrelated threefry stream, so these seeds were never
-seen in evolution (for a run with seed 10000 the root moves to 10001). Both sides use the same keys
-(same initial weights and environment resets), which the unpaired tests ignore, so they are conservative.
+Per task, ``num_seeds`` agents per side, each side one vmapped, jitted call, and a random policy. Prints
+the final returns (mean episode return over the last 10% of updates) with 95% CIs, the normalised score
+(R - random) / (baseline - random), Welch's p and, per split, the IQM of the normalised scores with
+stratified-bootstrap CIs and the probability of improvement (``metarl.stats``). Writes
+RUN_DIR/evaluation[SUFFIX].json and RUN_DIR/figures/evaluation[SUFFIX]*.png (a suffix per setting, so
+other settings never overwrite them). On a CPU the agents are split over one process per usable core
+(``num_processes=auto``). docs/results.md.
 """
 from __future__ import annotations
 
@@ -37,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from metarl.cli import FIGURES, fail
-from metarl.inspect import parse_args
+from metarl.inspect import at_least, parse_args
 from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
@@ -46,13 +33,14 @@ ALPHA = 0.05
 
 
 def eval_keys(run_seed: int, num_seeds: int):
+    """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000): evolution
+    splits ``key(cfg.seed)``, and another root gives a stream it never used. Both sides share the keys
+    (same initial weights and resets), which the unpaired tests ignore, so they are conservative."""
     import jax
 
     root = EVAL_ROOT if run_seed != EVAL_ROOT else EVAL_ROOT + 1
     base = jax.random.key(root)
     return root, jax.vmap(lambda i: jax.random.fold_in(base, i))(np.arange(num_seeds, dtype=np.uint32))
-
-
 
 
 def summarise(final: np.ndarray) -> dict:
@@ -311,8 +299,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         frames = np.arange(1, n_updates + 1) * (row["total_timesteps"] / n_updates)
         sides = {label: curves[spec.name][label] for label in labels}
         fig = plots.learning_curves_figure(
-            frames, sides, lambda c: t_interval(c, axis=0),
-            f"{task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {num_seeds} fresh seeds")
+            frames, sides, f"{task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {num_seeds} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir / FIGURES / name))
     if len(rows) > 1:
@@ -351,24 +338,20 @@ def format_report(report: dict) -> str:
         lines.insert(2, f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
                         "learned function; python -m metarl.distill)")
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
-    head = f"{'task':<{width}}{'split':<12}{'learned [95% CI]':<28}"
-    head += f"{formula[0] + ' [95% CI]':<28}" if formula else ""
-    head += f"{'baseline [95% CI]':<28}{'normalised':>11}{'p (Welch)':>11}"
-    if formula:  # the learned side's and the formula's normalised score and Welch's p against the baseline
-        head = head.replace(f"{'normalised':>11}{'p (Welch)':>11}", f"{'norm. learned':>15}{'p learned':>11}")
-        head += f"{'norm. formula':>15}{'p formula':>11}"
-    lines.append(head)
+    # Per challenger (the learned side, the formula), its normalised score and Welch's p against the baseline.
+    scores = [("norm. learned", "p learned"), ("norm. formula", "p formula")] if formula else [
+        ("normalised", "p (Welch)")]
+    score_width = 15 if formula else 11
+    lines.append(f"{'task':<{width}}{'split':<12}"
+                 + "".join(f"{s + ' [95% CI]':<28}" for s in ["learned", *formula, "baseline"])
+                 + "".join(f"{n:>{score_width}}{p:>11}" for n, p in scores))
+    cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (
+        f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
     for r in report["tasks"]:
-        cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (
-            f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
-        line = f"{r['task']:<{width}}{r['split']:<12}{cell(r['sides'][learned]):<28}"
-        line += f"{cell(r['sides'][formula[0]]):<28}" if formula else ""
-        score_width = 15 if formula else 11
-        line += (f"{cell(r['sides'][baseline]):<28}{r['normalized'][learned]:>{score_width}.3f}"
-                 f"{r['test']['welch_p']:>11.3g}")
-        if formula:
-            line += f"{r['normalized'][formula[0]]:>15.3f}{r['test_formula']['welch_p']:>11.3g}"
-        lines.append(line)
+        lines.append(f"{r['task']:<{width}}{r['split']:<12}"
+                     + "".join(f"{cell(r['sides'][s]):<28}" for s in [learned, *formula, baseline])
+                     + "".join(f"{r['normalized'][s]:>{score_width}.3f}{r[test]['welch_p']:>11.3g}"
+                               for s, test in zip([learned, *formula], ["test", "test_formula"])))
     lines.append("")
     ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"
     for name, a in report["aggregate"].items():
@@ -385,17 +368,6 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _processes_arg(value: str):
-    if value == "auto":
-        return value
-    if int(value) < 1:
-        raise ValueError(value)
-    return int(value)
-
-
-_processes_arg.expected = "positive integer or auto"
-
-
 def _tasks_arg(value: str) -> list:
     import yaml
 
@@ -408,20 +380,13 @@ def _tasks_arg(value: str) -> list:
 _tasks_arg.expected = "non-empty list such as [CartPole-v1,Acrobot-v1]"
 
 
-def _distilled_arg(value: str) -> int:
-    if int(value) < 0:
-        raise ValueError(value)
-    return int(value)
-
-
-_distilled_arg.expected = "formula number K >= 0 of the run's distill.json"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, opts = parse_args(argv, {"env": (str, None), "num_seeds": (int, 32), "total_timesteps": (int, None),
-                                      "num_processes": (_processes_arg, "auto"), "tasks": (_tasks_arg, None),
-                                      "distilled": (_distilled_arg, None)}, __doc__)
+                                      "num_processes": (at_least(1, "positive integer or auto", "auto"), "auto"),
+                                      "tasks": (_tasks_arg, None),
+                                      "distilled": (at_least(0, "formula number K >= 0 of the run's distill.json"),
+                                                    None)}, __doc__)
     if opts["tasks"] is not None and (opts["env"] or opts["total_timesteps"]):
         fail("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
     if opts["num_seeds"] < 2:

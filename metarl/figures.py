@@ -8,13 +8,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
-from metarl import checkpoints, plots, results, scores, tasks
+from metarl import checkpoints, plots, results, tasks
 from metarl.cli import FIGURES
 from metarl.inner_loops.components import CLIPPED_SURROGATE, TEMPORAL_INPUTS, Progress, apply_component
 from metarl.inner_loops.trainer import num_updates
-from metarl.outer_loops.evolution import NOISE_THRESHOLD, search_std
+from metarl.outer_loops.evolution import NOISE_THRESHOLD
 
 
 def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
@@ -43,44 +42,38 @@ def _best_or_none(run_dir: Path, task):
 
 def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     comp = task.component
+    temporal = getattr(comp, "temporal", False)
     fixed = f"best meta-parameters of generation {info.get('generation')} (fitness {info.get('fitness', float('nan')):.4g})"
     # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
     extra = [i for i in getattr(comp, "inputs", ("error",)) if i not in ("error", *TEMPORAL_INPUTS)]
     progress_of = _progress_at(task)
 
-    def loss_at(value, old_error, target, fraction=0.0):
-        return apply_component(comp, progress_of(fraction), meta, value, target + old_error, target,
-                               task.inner_config)
+    def curves(fraction, errors, **others):
+        """The loss and its gradient w.r.t. the prediction (the target and old prediction are data)."""
+        def loss(error, old_error=0.0, target=0.0):
+            return apply_component(comp, progress_of(fraction), meta, target + error, target + old_error, target,
+                                   task.inner_config)
 
-    # Gradient w.r.t. the prediction only: target and the old prediction are data.
-    grad_fn = jax.vmap(jax.grad(loss_at))
-    errors = jnp.linspace(-error_range, error_range, 401)
-    zeros = jnp.zeros_like(errors)
-    loss = np.asarray(jax.vmap(loss_at)(errors, zeros, zeros))
-    grad = np.asarray(grad_fn(errors, zeros, zeros))
+        return np.asarray(jax.vmap(loss)(errors, **others)), np.asarray(jax.vmap(jax.grad(loss))(errors, **others))
+
+    errors = np.linspace(-error_range, error_range, 401, dtype=np.float32)
     note = fixed + (f"; {', '.join(extra)} fixed at 0" if extra else "") + (
-        "; at the start of training" if getattr(comp, "temporal", False) else "")
-    paths = [plots.save(plots.value_loss_figure(np.asarray(errors), loss, grad, note), out / "value_loss.png")]
-    if getattr(comp, "temporal", False):
-        losses = {f: np.asarray(jax.vmap(lambda e, f=f: loss_at(e, 0.0, 0.0, f))(errors)) for f in PROGRESS_POINTS}
-        grads = {f: np.asarray(jax.vmap(jax.grad(lambda e, f=f: loss_at(e, 0.0, 0.0, f)))(errors))
-                 for f in PROGRESS_POINTS}
-        fig = plots.value_loss_progress_figure(np.asarray(errors), losses, grads, fixed + progress_of.note)
+        "; at the start of training" if temporal else "")
+    paths = [plots.save(plots.value_loss_figure(errors, *curves(0.0, errors), note), out / "value_loss.png")]
+    if temporal:
+        fig = plots.value_loss_progress_figure(errors, {f: curves(f, errors) for f in PROGRESS_POINTS},
+                                               fixed + progress_of.note)
         paths.append(plots.save(fig, out / "value_loss_progress.png"))
 
-    errors = jnp.linspace(-error_range, error_range, 121)
+    errors = np.linspace(-error_range, error_range, 121, dtype=np.float32)
     for name in extra:
         span = 4 * error_range if name == "target" else error_range
-        other = jnp.linspace(-span, span, 81)
-        e, o = (x.ravel() for x in jnp.meshgrid(errors, other))
-        zeros = jnp.zeros_like(e)
-        # (value, old_error, target) with value = target + error
-        args = (o + e, zeros, o) if name == "target" else (e, o, zeros)
-        z = np.asarray(jax.vmap(loss_at)(*args)).reshape(len(other), len(errors))
-        g = np.asarray(grad_fn(*args)).reshape(len(other), len(errors))
+        other = np.linspace(-span, span, 81, dtype=np.float32)
+        e, o = (x.ravel() for x in np.meshgrid(errors, other))
+        z, g = (c.reshape(len(other), len(errors)) for c in curves(0.0, e, **{name: o}))
         rest = [i for i in extra if i != name]
         note_h = fixed + (f"; {', '.join(rest)} fixed at 0" if rest else "")
-        fig = plots.value_loss_heatmap_figure(np.asarray(errors), np.asarray(other), z, g, name, note_h)
+        fig = plots.value_loss_heatmap_figure(errors, other, z, g, name, note_h)
         paths.append(plots.save(fig, out / f"value_loss_{name}.png"))
     return paths
 
@@ -122,63 +115,25 @@ def _progress_at(task):
     return progress_of
 
 
-def search_trajectory(run_dir: Path, cfg, task):
-    """Decoded search mean and mean -+ std per kept checkpoint, generation 0 from the config's start.
-
-    Returns (generations, means, lows, highs); lows/highs are None when the strategy keeps no
-    per-dimension std. Only kept checkpoints are seen (``checkpoint.keep``), so the curve is sparse.
-    """
-    stack = lambda seq: {n: np.array([float(d[n]) for d in seq]) for n in task.component.names}
-    records = [r for r in results.history(run_dir) if "search" in r]
-    if records:  # runs log the decoded search distribution every generation
-        gens = [r["generation"] for r in records]
-        return (gens, stack([r["search"]["mean"] for r in records]), stack([r["search"]["low"] for r in records]),
-                stack([r["search"]["high"] for r in records]))
-
-    _, evo = scores.build_evolution(cfg, task=task, mesh=None)
-    init_state = evo.init(jax.random.key(cfg.seed))
-    _, unravel = ravel_pytree(task.template)
-    ckpt = checkpoints.Checkpointer(run_dir, write=False)
-    try:
-        steps = sorted(ckpt.manager.all_steps())
-        states = [(0, init_state)] + [(s, ckpt.restore(init_state, s)[0]) for s in steps]
-    finally:
-        ckpt.close()
-    gens, means, lows, highs = [], [], [], []
-    with_std = True
-    for step, state in states:
-        es_state = state.es_state
-        flat_mean, _ = ravel_pytree(evo.es.get_mean(es_state))
-        std = search_std(es_state, flat_mean.shape) if hasattr(es_state, "std") else None
-        gens.append(step)
-        means.append(task.component.decode(unravel(flat_mean)))
-        if std is None:
-            with_std = False
-        else:
-            lows.append(task.component.decode(unravel(flat_mean - std)))
-            highs.append(task.component.decode(unravel(flat_mean + std)))
-    return gens, stack(means), (stack(lows) if with_std else None), (stack(highs) if with_std else None)
-
-
 def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, error_range: float) -> list[Path]:
+    """The search mean and mean -+ std that the run logs every generation, and the exported best."""
     comp = task.component
     bounds = {n: (comp.low[i], comp.high[i]) for i, n in enumerate(comp.names)}
     log = {n: comp.log[i] for i, n in enumerate(comp.names)}
     best_values = {k: float(v) for k, v in comp.decode(best).items()} if best is not None else None
     best_gen = info.get("generation") if info else None
-    try:
-        gens, means, lows, highs = search_trajectory(run_dir, cfg, task)
-        note = "search mean and mean -+ std (per generation; per kept checkpoint for older runs); star: exported best"
-    except (checkpoints.CheckpointError, ValueError, KeyError, TypeError) as err:
-        if best_values is None:
-            print(f"note: no readable checkpoint and no exported best in {run_dir}; no hyperparameter plot "
-                  f"({type(err).__name__})", file=sys.stderr)
-            return []
-        print(f"note: checkpoints unreadable ({err}); plotting the exported best only", file=sys.stderr)
+    records = [r for r in results.history(run_dir) if "search" in r]
+    if records:
+        stack = lambda part: {n: np.array([float(r["search"][part][n]) for r in records]) for n in comp.names}
+        gens, means, lows, highs = [r["generation"] for r in records], stack("mean"), stack("low"), stack("high")
+        note = "search mean and mean -+ std per generation; star: exported best"
+    elif best_values is not None:
         gens, means, lows, highs = [best_gen or 0], {k: [v] for k, v in best_values.items()}, None, None
-        note = "checkpoints unreadable: exported best only"
-    fig = plots.hyperparams_figure(gens, means, lows, highs, bounds, log, best_values,
-                                   best_gen, note)
+        note = "no search logged: exported best only"
+    else:
+        print(f"note: {run_dir} has no finished generation yet; no hyperparameter plot", file=sys.stderr)
+        return []
+    fig = plots.hyperparams_figure(gens, means, lows, highs, bounds, log, best_values, best_gen, note)
     return [plots.save(fig, out / "hyperparams.png")]
 
 

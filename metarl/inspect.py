@@ -9,7 +9,7 @@
     value_loss_progress.png the loss and its gradient at several points of training (a temporal value loss)
     policy_objective.png    the learned drift and objective beside PPO's clipping over (r, A) (policy_objective);
                             a temporal drift: policy_objective_progressPPP.png at PPP% of training
-    hyperparams.png         the search mean and spread of each hyperparameter per checkpoint (hyperparams)
+    hyperparams.png         the search mean and spread of each hyperparameter per generation (hyperparams)
 
 Works on a finished run, a run still going (the metrics and checkpoints so far) and a run directory
 copied from elsewhere: everything is read relative to RUN_DIR. Bad input: one ``error:`` line, exit 2.
@@ -44,6 +44,19 @@ def parse_args(argv: list[str], allowed: dict, usage: str | None = None) -> tupl
     if not (run_dir / "config.yaml").is_file():
         fail(f"{run_dir}: not a metarl run directory (no config.yaml)")
     return run_dir, options
+
+
+def at_least(least: int, expected: str, word: str | None = None):
+    """A ``parse_args`` type: an integer >= ``least``, or ``word`` as it is."""
+    def parse(value: str):
+        if value == word:
+            return value
+        if int(value) < least:
+            raise ValueError(value)
+        return int(value)
+
+    parse.expected = expected
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:

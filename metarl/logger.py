@@ -1,16 +1,6 @@
-"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases and MLflow.
-
-Both trackers get, every generation at step = generation, the scalars of the record under the same
-names (``scalars``): best, mean, std, quantiles, frames/s, the signal statistics (``signal``,
-``seed_noise``, ``update_signal``, ...; docs/signal.md), the control's (``control``, ``best_vs_control``,
-...), each task's (``tasks/<name>/raw_mean``,
-...) and the decoded search distribution of a hyperparameter search (``search/mean/lr``,
-``search/low/lr``, ...); wandb also every member's fitness as a histogram (``fitness``). At the end of
-a run, both get the figures of ``python -m metarl.inspect`` (wandb: images ``figures/<name>``; MLflow:
-files under ``figures/``) and the best meta-parameters (wandb: a versioned artifact of type
-``meta-params``; MLflow: files under ``meta-params/``). MLflow also gets the resolved config as
-parameters (flattened keys such as ``es.popsize``).
-"""
+"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases and
+MLflow, which get the same scalars (``scalars``), and at the end of a run the figures and the best
+meta-parameters; what goes where is in docs/tracking.md."""
 from __future__ import annotations
 
 import hashlib
@@ -33,16 +23,12 @@ METRICS_FILE = "metrics.jsonl"
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return []
     records = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut by a kill mid-write
-                break
+    for line in filter(str.strip, path.read_text().splitlines() if path.exists() else []):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill mid-write
+            break
     return records
 
 
@@ -66,10 +52,9 @@ def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
     """Keep the records of the first ``generations_done`` generations: a resumed run recomputes the
     rest, so each generation appears exactly once."""
     path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return
-    kept = [r for r in read_metrics(run_dir) if r.get("generation", 0) <= generations_done]
-    atomic_write(path, "".join(to_json_line(r) for r in kept))
+    if path.exists():
+        kept = [r for r in read_metrics(run_dir) if r.get("generation", 0) <= generations_done]
+        atomic_write(path, "".join(to_json_line(r) for r in kept))
 
 
 def say(text: str, error: bool = False) -> None:
@@ -121,13 +106,14 @@ class Logger:
             # wandb's footer (the run's history and summary, some 30 lines) repeats metrics.jsonl and the
             # last progress line; quiet keeps its lines on where the run is saved and how to sync it.
             quiet = {} if verbose or "WANDB_QUIET" in os.environ else {"settings": wandb.Settings(quiet=True)}
-            # A sweep's runs share `group` (null: each run stands alone).
+            # A sweep's runs share `group` (null: each run stands alone). The id is stable per run
+            # directory, so a resumed run continues the same wandb run.
             self.wandb_run = wandb.init(**quiet, project=wandb_cfg.get("project", "metarl"),
                                         entity=wandb_cfg.get("entity"), mode=wandb_cfg["mode"],
                                         group=wandb_cfg.get("group"), tags=list(wandb_cfg.get("tags") or []),
-                                        dir=str(self.run_dir), config=config,
-                                        name=run_name or self.run_dir.name,
-                                        id=_wandb_id(self.run_dir), resume="allow")
+                                        dir=str(self.run_dir), config=config, name=run_name or self.run_dir.name,
+                                        id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16],
+                                        resume="allow")
         self.mlflow: Optional[MlflowRun] = None
         if write and mlflow_cfg is not None and mlflow_cfg.mode == "enabled":
             self.mlflow = MlflowRun.open(mlflow_cfg, config.get("experiment", ""), self.run_dir,
@@ -207,15 +193,8 @@ class Logger:
         if self.mlflow is not None:
             self.mlflow.finish("KILLED" if stopped else "FINISHED")
         if self.wandb_run is not None:
-            if summary:
-                for k, v in summary.items():
-                    self.wandb_run.summary[k] = v
+            self.wandb_run.summary.update(summary or {})
             self.wandb_run.finish()
-
-
-def _wandb_id(run_dir: Path) -> str:
-    # Stable per run directory, so a resumed run continues the same wandb run.
-    return hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
 # --- MLflow ----------------------------------------------------------------------------------------
@@ -254,10 +233,6 @@ def check_mlflow_installed(section: MlflowSection) -> None:
     if missing:
         raise ConfigError(f"logger.mlflow.mode: enabled, but {', '.join(missing)} cannot be imported; allowed: "
                           "disabled, or enabled after pip install \"metarl[mlflow]\"")
-
-
-def _metric_name(name: str) -> str:
-    return re.sub(r"[^/\w.\- :]", "_", name)  # the characters MLflow allows in a name
 
 
 class MlflowRun:
@@ -332,11 +307,12 @@ class MlflowRun:
         self.message(f"warning: MLflow: {what} failed ({type(err).__name__}: {text}); no more is sent to "
                      f"MLflow in this process, and {METRICS_FILE} keeps every generation")
 
-    def _call(self, what: str, fn: Callable, *args, **kwargs) -> bool:
+    def _call(self, what: str, call: Callable) -> bool:
+        """``call(client, run_id)``, unless MLflow has failed before."""
         if self.client is None:
             return False
         try:
-            fn(*args, **kwargs)
+            call(self.client, self.run_id)
             return True
         except Exception as err:
             self._failed(what, err)
@@ -349,11 +325,10 @@ class MlflowRun:
     def log_metrics(self, values: dict, step: int) -> bool:
         from mlflow.entities import Metric
 
-        if self.client is None:
-            return False
         now = int(time.time() * 1000)
-        metrics = [Metric(_metric_name(k), float(v), now, step) for k, v in values.items()]
-        return self._call(f"logging step {step}", self.client.log_batch, self.run_id, metrics=metrics)
+        metrics = [Metric(re.sub(r"[^/\w.\- :]", "_", k), float(v), now, step)  # the characters MLflow allows
+                   for k, v in values.items()]
+        return self._call(f"logging step {step}", lambda client, run: client.log_batch(run, metrics=metrics))
 
     def log_generation(self, generation: int, values: dict) -> None:
         """One generation's scalars at step = generation, unless MLflow holds that step already (a
@@ -365,20 +340,18 @@ class MlflowRun:
         """Files, into the run's ``folder`` of artifacts (None: at their top; a resumed run's replace the
         earlier ones)."""
         for path in paths:
-            if self.client is None or not self._call(f"uploading {Path(path).name}", self.client.log_artifact,
-                                                     self.run_id, str(path), folder):
+            if not self._call(f"uploading {Path(path).name}",
+                              lambda client, run: client.log_artifact(run, str(path), folder)):
                 return
 
     def set_tags(self, tags: dict) -> None:
         from mlflow.entities import RunTag
 
-        if self.client is not None:
-            self._call("tagging the run", self.client.log_batch, self.run_id,
-                       tags=[RunTag(k, show_value(v)) for k, v in tags.items()])
+        self._call("tagging the run", lambda client, run: client.log_batch(
+            run, tags=[RunTag(k, show_value(v)) for k, v in tags.items()]))
 
     def finish(self, status: str = "FINISHED") -> None:
-        if self.client is not None:
-            self._call("ending the run", self.client.set_terminated, self.run_id, status)
+        self._call("ending the run", lambda client, run: client.set_terminated(run, status))
 
 
 def _experiment_id(client, name: str, artifacts: Optional[str]) -> str:

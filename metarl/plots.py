@@ -9,7 +9,7 @@ calls them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -17,13 +17,18 @@ from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from metarl.stats import t_interval
+
 LEARNED, BASELINE = "tab:blue", "tab:orange"
 DPI = 100
 
 
-def new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float, note: str = "", fontsize: float = 9) -> Figure:
+    """An empty figure on the Agg canvas, ``note`` (if any) its title above every panel."""
     fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
+    if note:
+        fig.suptitle(note, fontsize=fontsize)
     return fig
 
 
@@ -36,22 +41,31 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 # --- fitness -------------------------------------------------------------------------------------
 
+def _generations(history: Sequence[dict]):
+    """The records' generations and ``column(key) -> values`` (NaN where a record lacks ``key`` or holds null)."""
+    column = lambda k: np.array([r.get(k) for r in history], dtype=float)
+    return column("generation"), column
+
+
+def _generation_axis(ax, gens: np.ndarray) -> None:
+    ax.set_xlabel("generation")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if len(gens) == 1:
+        ax.set_xlim(gens[0] - 1, gens[0] + 1)
+
+
 def fitness_figure(history: Sequence[dict], title: str = "", paired: bool = False) -> Figure:
     """Best, mean and median member per generation over the population's q10-q90 and q25-q75 bands,
-    and the best fitness so far. Records without quantiles (old runs) get a mean +- std band. With a
-    control (``fitness.control``), the baseline's fitness on the generation's seeds; ``paired``: the
-    fitness is each member's minus the control's, so the baseline is the line at 0."""
+    and the best fitness so far. With a control (``fitness.control``), the baseline's fitness on the
+    generation's seeds; ``paired``: the fitness is each member's minus the control's, so the baseline
+    is the line at 0."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
-    gens = np.array([r["generation"] for r in history], dtype=float)
-    col = lambda k: np.array([r.get(k, np.nan) for r in history], dtype=float)
-    if all("q10" in r for r in history):
-        ax.fill_between(gens, col("q10"), col("q90"), color=LEARNED, alpha=0.15, lw=0, label="population q10-q90")
-        ax.fill_between(gens, col("q25"), col("q75"), color=LEARNED, alpha=0.3, lw=0, label="population q25-q75")
-        ax.plot(gens, col("q50"), color=LEARNED, lw=1, ls=":", label="median")
-    else:
-        mean, std = col("mean"), col("std")
-        ax.fill_between(gens, mean - std, mean + std, color=LEARNED, alpha=0.2, lw=0, label="mean +- std")
+    gens, col = _generations(history)
+    ax.fill_between(gens, col("q10"), col("q90"), color=LEARNED, alpha=0.15, lw=0, label="population q10-q90")
+    ax.fill_between(gens, col("q25"), col("q75"), color=LEARNED, alpha=0.3, lw=0, label="population q25-q75")
+    ax.plot(gens, col("q50"), color=LEARNED, lw=1, ls=":", label="median")
     ax.plot(gens, col("mean"), color=LEARNED, lw=2, label="mean")
     ax.plot(gens, col("best"), color="tab:green", lw=1, marker=".", label="best of generation")
     ax.step(gens, col("best_so_far"), where="post", color="black", lw=1, ls="--", label="best so far")
@@ -59,18 +73,13 @@ def fitness_figure(history: Sequence[dict], title: str = "", paired: bool = Fals
         control = np.zeros_like(gens) if paired else col("control")
         ax.plot(gens, control, color=BASELINE, lw=1.5, marker=".",
                 label="baseline (control; fitness paired: member - control)" if paired else "baseline (control)")
-    nonfinite = col("nonfinite")
-    bad = np.nan_to_num(nonfinite) > 0
+    bad = np.nan_to_num(col("nonfinite")) > 0
     if bad.any():
         ax.plot(gens[bad], col("worst")[bad], "x", color="red", label="generation with diverged members")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("generation")
+    _generation_axis(ax, gens)
     ax.set_ylabel("fitness - baseline's (paired)" if paired else "fitness (episode return)")
     ax.set_title(title or "fitness over generations")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
-    if len(gens) == 1:
-        ax.set_xlim(gens[0] - 1, gens[0] + 1)
     return fig
 
 
@@ -81,8 +90,7 @@ def signal_figure(history: Sequence[dict], threshold: float, title: str = "") ->
     with the noise-dominated threshold. The names are the records' (docs/signal.md)."""
     fig = new_figure(7, 5.5)
     top, bottom = fig.subplots(2, 1, sharex=True)
-    gens = np.array([r["generation"] for r in history], dtype=float)
-    col = lambda k: np.array([r.get(k) for r in history], dtype=float)  # None (not measured) -> NaN
+    gens, col = _generations(history)
     top.plot(gens, col("signal_between"), color=LEARNED, lw=2, marker=".", label="signal_between (V_b)")
     top.plot(gens, col("seed_noise"), color="tab:red", lw=1.5, marker=".", label="seed_noise (V_w / num_seeds)")
     if np.nanmax(np.r_[col("signal_between"), col("seed_noise"), 0.0]) > 0:
@@ -102,13 +110,9 @@ def signal_figure(history: Sequence[dict], threshold: float, title: str = "") ->
     bottom.axhline(threshold, color="tab:red", lw=1, ls="--", label=f"noise-dominated below {threshold}")
     bottom.set_ylim(-0.05, 1.05)
     bottom.set_ylabel("fraction that is signal")
-    bottom.set_xlabel("generation")
-    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
-    bottom.grid(alpha=0.3)
+    _generation_axis(bottom, gens)
     bottom.legend(fontsize=8, loc="best")
     top.set_title(title or "signal and seed noise per generation", fontsize=10)
-    if len(gens) == 1:
-        bottom.set_xlim(gens[0] - 1, gens[0] + 1)
     return fig
 
 
@@ -128,7 +132,7 @@ def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
 def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fixed: str = "") -> Figure:
     """Left: the learned loss shifted to 0 at zero error (raw values in the legend) beside L2 = 0.5 e^2.
     Right: its gradient with respect to the prediction beside L2's, e. ``errors`` = prediction - target."""
-    fig = new_figure(11, 4.2)
+    fig = new_figure(11, 4.2, fixed)
     l2, l2_grad = 0.5 * errors**2, errors
     zero = int(np.argmin(np.abs(errors)))
     shifted = loss - loss[zero]
@@ -153,24 +157,22 @@ def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fi
         ax.legend(*handles, fontsize=8, loc="upper center")
     fig.axes[0].set_title(f"value loss (learned at 0: {loss[zero]:.3g}, range {np.ptp(loss):.3g})")
     fig.axes[1].set_title("gradient w.r.t. the prediction")
-    if fixed:
-        fig.suptitle(fixed, fontsize=9)
     return fig
 
 
-def value_loss_progress_figure(errors: np.ndarray, losses: dict, grads: dict, fixed: str = "") -> Figure:
-    """A temporal value loss at several points of training (``losses``/``grads`` keyed by the fraction
-    of training done): left the loss shifted to 0 at zero error, right its gradient; L2 dashed."""
+def value_loss_progress_figure(errors: np.ndarray, curves: dict, fixed: str = "") -> Figure:
+    """A temporal value loss at several points of training (``curves``: fraction of training done ->
+    (loss, gradient)): left the loss shifted to 0 at zero error, right its gradient; L2 dashed."""
     import matplotlib
 
-    fig = new_figure(11, 4.2)
+    fig = new_figure(11, 4.2, fixed)
     cmap = matplotlib.colormaps["viridis"]
     zero = int(np.argmin(np.abs(errors)))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    for i, (fraction, loss) in enumerate(sorted(losses.items())):
-        color = cmap(i / max(1, len(losses) - 1))
+    for i, (fraction, (loss, grad)) in enumerate(sorted(curves.items())):
+        color = cmap(i / max(1, len(curves) - 1))
         left.plot(errors, loss - loss[zero], color=color, lw=2, label=f"{fraction:.0%} of training")
-        right.plot(errors, grads[fraction], color=color, lw=2)
+        right.plot(errors, grad, color=color, lw=2)
     left.plot(errors, 0.5 * errors**2, color=BASELINE, lw=1, ls="--", label="L2: 0.5 e²")
     right.plot(errors, errors, color=BASELINE, lw=1, ls="--", label="L2: e")
     for ax, name in ((left, "loss - loss(0)"), (right, "d loss / d prediction")):
@@ -182,8 +184,6 @@ def value_loss_progress_figure(errors: np.ndarray, losses: dict, grads: dict, fi
         ax.legend(fontsize=8, loc="upper center")
     left.set_title("learned value loss through training")
     right.set_title("its gradient w.r.t. the prediction")
-    if fixed:
-        fig.suptitle(fixed, fontsize=9)
     return fig
 
 
@@ -191,7 +191,7 @@ def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.nd
                               other_name: str, fixed: str = "") -> Figure:
     """Learned loss (shifted to 0 at the grid's zero error per row) and its gradient over error x another
     input; ``loss`` and ``grad`` have shape (len(other), len(errors))."""
-    fig = new_figure(11, 4.2)
+    fig = new_figure(11, 4.2, fixed)
     zero = int(np.argmin(np.abs(errors)))
     for i, (z, name) in enumerate(((loss - loss[:, zero:zero + 1], "learned loss - loss at e=0"),
                                    (grad, "d loss / d prediction"))):
@@ -201,8 +201,6 @@ def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.nd
         ax.set_xlabel("error e = prediction - target")
         ax.set_ylabel(other_name)
         ax.set_title(name)
-    if fixed:
-        fig.suptitle(fixed, fontsize=9)
     return fig
 
 
@@ -267,7 +265,7 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
     Where the baseline's scale differs from the learned curve's by over 5x, the learned curve and the
     formulas get their own right axis."""
     ncols = max(len(r) for r in rows)
-    fig = new_figure(5.5 * ncols, 3.6 * len(rows) + 1.2)
+    fig = new_figure(5.5 * ncols, 3.6 * len(rows) + 1.2, note, fontsize=8)
     handles = {}
     for i, row in enumerate(rows):
         for j, panel in enumerate(row):
@@ -291,8 +289,6 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
             ax.set_ylabel(panel["ylabel"])
             ax.grid(alpha=0.3)
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", fontsize=8, ncols=1)
-    if note:
-        fig.suptitle(note, fontsize=8)
     return fig
 
 
@@ -301,12 +297,12 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
 def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional[dict], highs: Optional[dict],
                        bounds: dict, log: dict, best: Optional[dict] = None,
                        best_generation: Optional[float] = None, note: str = "") -> Figure:
-    """One panel per hyperparameter: the search mean (decoded) per checkpointed generation, a band of
-    mean -+ one search std mapped through the bounded transform, the search bounds, and the exported best."""
+    """One panel per hyperparameter: the search mean (decoded) per generation, a band of mean -+ one
+    search std mapped through the bounded transform, the search bounds, and the exported best."""
     names = list(means)
     ncols = min(4, len(names))
     nrows = -(-len(names) // ncols)
-    fig = new_figure(3.2 * ncols, 2.8 * nrows + 0.4)
+    fig = new_figure(3.2 * ncols, 2.8 * nrows + 0.4, note)
     gens = np.asarray(generations, dtype=float)
     for i, name in enumerate(names):
         ax = fig.add_subplot(nrows, ncols, i + 1)
@@ -321,26 +317,22 @@ def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional
         if log[name]:
             ax.set_yscale("log")
         ax.set_title(name)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("generation")
-        ax.grid(alpha=0.3)
+        _generation_axis(ax, gens)
         if i == 0:
             ax.legend(fontsize=7)
-    if note:
-        fig.suptitle(note, fontsize=9)
     return fig
 
 
 # --- evaluation -----------------------------------------------------------------------------------
 
-def learning_curves_figure(frames: np.ndarray, curves: dict, ci: Callable[[np.ndarray], tuple], title: str = "") -> Figure:
-    """Mean return per update over seeds with a band ``ci(curves) -> (low, high)`` per side;
-    ``curves`` maps a label to an array (seeds, updates)."""
+def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") -> Figure:
+    """Mean return per update over seeds with its 95% t-interval per side; ``curves`` maps a label to
+    an array (seeds, updates)."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
     for (label, c), colour in zip(curves.items(), (LEARNED, BASELINE, "tab:green", "tab:red")):
         c = np.asarray(c, dtype=float)
-        low, high = ci(c)
+        low, high = t_interval(c, axis=0)
         ax.fill_between(frames, low, high, color=colour, alpha=0.25, lw=0)
         ax.plot(frames, np.nanmean(c, axis=0), color=colour, lw=2, label=f"{label} (n={c.shape[0]})")
     ax.set_xlabel("environment frames")
@@ -358,15 +350,14 @@ def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure
     rows_n = -(-len(names) // cols)
     fig = new_figure(4 * cols, 3 * rows_n)
     axes = np.atleast_1d(fig.subplots(rows_n, cols, squeeze=False)).ravel()
-    gens = np.array([r["generation"] for r in history], dtype=float)
+    gens, _ = _generations(history)
     for ax, name in zip(axes, names):
         col = lambda k: np.array([r.get("tasks", {}).get(name, {}).get(k, np.nan) for r in history], dtype=float)
         ax.plot(gens, col("raw_mean"), color=LEARNED, lw=2, label="population mean")
         ax.plot(gens, col("raw_best"), ".", color="tab:green", label="best member")
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("generation")
         ax.set_ylabel("return")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        _generation_axis(ax, gens)
         score = ax.twinx()
         score.plot(gens, col("score_mean"), color="0.4", lw=0.8, ls="--", label="mean score")
         score.set_ylabel("normalised score", fontsize=8)

@@ -11,7 +11,6 @@ import jax
 import numpy as np
 
 from metarl import checkpoints, compilation, devices, figures, scores
-from metarl.scores import build_evolution
 from metarl.config import RunConfig
 from metarl.launch import STOP_SIGNALS, ignored
 from metarl.logger import Logger, truncate_metrics
@@ -90,7 +89,7 @@ def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optio
     be read raises ``CheckpointError`` before the caller has touched the run directory."""
     # The state's shapes do not depend on the reference returns a several-task score needs; those
     # are measured (and stored) by `run`, once the run directory is this run's.
-    task, evo = build_evolution(cfg, task=task, mesh=mesh)
+    task, evo = scores.build_evolution(cfg, task=task, mesh=mesh)
     state = evo.init(jax.random.key(cfg.seed))
     history: list[dict] = []
     start = 0
@@ -122,7 +121,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     logger.catch_up(history)
     reference = reference_for(cfg, task, run_dir, write=is_main, logger=logger)
     if reference is not None:  # the same state, scored against the reference
-        task, evo = build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
+        task, evo = scores.build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
 
     ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
     # A global, fully replicated state on the mesh: what the compiled generation takes and returns.
@@ -202,9 +201,7 @@ def _figures(run_dir: Path, logger: Logger, loaded: tuple) -> list[Path]:
 
 def _best_files(run_dir: Path) -> tuple[list[Path], Optional[dict]]:
     files = [run_dir / checkpoints.BEST_PARAMS, run_dir / checkpoints.BEST_INFO]
-    if not all(f.exists() for f in files):
-        return [], None
-    return files, checkpoints.read_best(run_dir)[1]
+    return (files, checkpoints.read_best(run_dir)[1]) if all(f.exists() for f in files) else ([], None)
 
 
 def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:
@@ -228,6 +225,5 @@ def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[s
 
 def _best_info(cfg: RunConfig, task: Task, record: dict) -> dict:
     return {"experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
-            "tasks": task.names,
-            "component": cfg.component, "inner": cfg.inner, "generation": record["generation"],
+            "tasks": task.names, "component": cfg.component, "inner": cfg.inner, "generation": record["generation"],
             "fitness": record["best_so_far"], "seed": cfg.seed}

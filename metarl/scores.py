@@ -1,13 +1,9 @@
 """Scores across tasks: returns of different environments put on one scale, then aggregated.
 
-With ``fitness.normalize=baseline`` a task's score is ``(R - R_low) / (R_base - R_low)``: ``R_base`` is
-the hand-designed baseline's return on the task (L2 value loss, PPO's clipping, or the trainer's own
-hyperparameters), scored with the run's fitness statistic, and ``R_low`` is a uniformly random policy's
-episode return. So the baseline scores 1 and random play 0 on every task, and a mean over tasks weighs
-CartPole's hundreds and Acrobot's negative returns alike. Both references are measured once, at the
-start of a run, on ``fitness.reference_seeds`` seeds of their own drawn from the run's seed, and
-stored with their 95% confidence intervals in the run directory (``reference.json``), so a resumed run
-scores exactly as before and measures nothing again.
+With ``fitness.normalize=baseline`` a task's score is ``(R - R_low) / (R_base - R_low)``: the
+hand-designed baseline's return scores 1 and a random policy's 0 (docs/experiments.md). Both are
+measured once, at the start of a run, and stored in ``reference.json``, so a resumed run scores
+exactly as before and measures nothing again.
 """
 from __future__ import annotations
 

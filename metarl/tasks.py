@@ -69,32 +69,27 @@ def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
     module = trainer_module(config_cls)
     env_field = "env" if spec.path == "env" else f"{spec.path}.env"
     envs_lib.build(spec.env, spec.env_args or (), env_field if spec.env_args is None else f"{env_field}._target_")
+
+    def field_of(key: str) -> str:
+        """Where trainer setting ``key`` was set: the task's env, the task's own ``inner`` or the run's."""
+        if key == "env":
+            return env_field
+        return f"{spec.path}.inner.{key}" if key.split(".")[0] in spec.inner else f"inner.{key}"
+
+    env = {"env": spec.env, "env_kwargs": spec.env_args or ()}  # for a config class that takes them
+    env = {k: v for k, v in env.items() if k in plugins.constructor_arguments(config_cls)[0]}
+    config = plugins.instantiate(target, inner, field, field_of, injected=env)
     try:
-        env = {"env": spec.env, "env_kwargs": spec.env_args or ()}  # for a config class that takes them
-        env = {k: v for k, v in env.items() if k in plugins.constructor_arguments(config_cls)[0]}
-        config = plugins.instantiate(target, inner, field, "inner.", injected=env)
         if callable(getattr(config, "validate", None)):
             config.validate()
-    except ConfigError as err:
-        raise ConfigError(_task_field(str(err), spec)) from None
-    except ValueError as err:
-        raise ConfigError(_task_field(f"inner.{err}", spec)) from None
+    except ConfigError:
+        raise
+    except ValueError as err:  # the trainer names its setting first: "num_envs: ...; allowed: ..."
+        key, _, rest = str(err).partition(":")
+        raise ConfigError(f"{field_of(key)}:{rest}") from None
     if spec.path != "env":
         _check_whole_updates(config, spec)
     return algo, module, config
-
-
-def _task_field(message: str, spec) -> str:
-    """A trainer's error for one task, naming where its setting came from: ``env`` or ``tasks[i].env``
-    for the environment, ``tasks[i].inner.X`` for the task's own ``X``, ``inner.X`` otherwise."""
-    for prefix in ("inner.env:", "env:"):
-        if message.startswith(prefix):
-            rest = message[len(prefix):]
-            return f"env:{rest}" if spec.path == "env" else f"{spec.path}.env:{rest}"
-    key = message.split(":", 1)[0].removeprefix("inner.").split(".")[0]
-    if message.startswith("inner.") and key in spec.inner:
-        return f"{spec.path}.{message}"
-    return message
 
 
 def _check_whole_updates(config, spec) -> None:
@@ -215,27 +210,20 @@ def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
     return {"final": lambda curve: final_window_mean(curve, window), "auc": lambda curve: curve.mean(axis=-1)}[name]
 
 
-def component_from_config(cfg: RunConfig, specs: list | None = None):
-    kind = kinds.get(cfg.component.get("kind"))
-    specs = task_specs(cfg) if specs is None else specs
-    configs = [inner_config(cfg, spec) for spec in specs]
-    algo = configs[0][0]
-    inners = [c[2] for c in configs]
-    # A trainer's searchable hyperparameters are its config's pytree fields (all fields of a plain
-    # dataclass); a config that is no dataclass offers none.
-    fields = dataclasses.fields(inners[0]) if dataclasses.is_dataclass(inners[0]) else ()
-    floats = [f.name for f in fields if f.metadata.get("pytree_node", True)]
-    spec = {k: v for k, v in cfg.component.items() if k != "kind"}
-    return kind, algo, inners, kind.build(spec, floats)
-
-
 def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
     """Everything checked and built before any compilation; raises ConfigError on bad settings.
 
     ``specs`` replaces the run's own tasks (e.g. its held-out ``eval_tasks``)."""
     specs = task_specs(cfg) if specs is None else specs
-    kind, algo, inners, component = component_from_config(cfg, specs)
-    module = trainer_module(type(inners[0]))
+    kind = kinds.get(cfg.component.get("kind"))
+    configs = [inner_config(cfg, spec) for spec in specs]
+    algo, module, _ = configs[0]
+    inners = [c[2] for c in configs]
+    # A trainer's searchable hyperparameters are its config's pytree fields (all fields of a plain
+    # dataclass); a config that is no dataclass offers none.
+    fields = dataclasses.fields(inners[0]) if dataclasses.is_dataclass(inners[0]) else ()
+    component = kind.build({k: v for k, v in cfg.component.items() if k != "kind"},
+                           [f.name for f in fields if f.metadata.get("pytree_node", True)])
     if kind.seam is not None and kind.seam not in trainer_protocol.seams(module):
         raise ConfigError(f"inner.algo: {algo!r} has no {kind.seam} seam (its module's SEAMS does not list it); "
                           "allowed: ppo, or a trainer whose make_train takes it and whose SEAMS lists it")
