@@ -378,15 +378,15 @@ def test_learned_schedules_at_zero_are_ppo_and_a_constant_scale_is_a_scaled_hype
         assert {k: float(v) for k, v in scales.items()} == {"lr": 1.0, "ent_coef": 1.0, "clip_eps": 1.0}
     cfg = PPOConfig(**TINY, ent_coef=0.05)
     key = jax.random.key(5)
-    learned = jax.jit(make_train(cfg, schedule=family))
-    _, m_ppo = jax.jit(make_train(cfg))(key)
+    learned, ppo = jax.jit(make_train(cfg, schedule=family)), jax.jit(make_train(cfg))
+    _, m_ppo = ppo(key)
     _, m_zero = learned(key, {"schedule": zero})
     for name in m_ppo:
         np.testing.assert_allclose(m_zero[name], m_ppo[name], rtol=1e-5, atol=1e-6)
     scaled = {"lr": 2.0, "ent_coef": 3.0, "clip_eps": 0.5}
     meta = {k: jnp.array([np.log(v), 0.0, 0.0]) for k, v in scaled.items()}
     _, m_meta = learned(key, {"schedule": meta})
-    _, m_cfg = jax.jit(make_train(cfg.replace(**{k: getattr(cfg, k) * v for k, v in scaled.items()})))(key)
+    _, m_cfg = ppo(key, {k: jnp.float32(getattr(cfg, k) * v) for k, v in scaled.items()})
     for name in m_cfg:
         np.testing.assert_allclose(m_meta[name], m_cfg[name], rtol=1e-4, atol=1e-5)
     assert not np.allclose(m_meta["value_loss"], m_ppo["value_loss"])

@@ -66,7 +66,7 @@ def test_every_shipped_experiment_builds_and_starts_at_its_baseline(experiment):
     the hand-designed rule: zero meta-parameters, counted."""
     cfg = load(experiment, [])
     task = build_task(cfg)
-    sizes = {"drift_family": 14, "value_loss_family": 4, "schedule_transfer": 9}
+    sizes = {"drift_family": 14, "value_loss_family": 4, "high_lr_schedule": 9}
     if experiment in sizes:
         assert sum(x.size for x in jax.tree.leaves(task.init_mean)) == sizes[experiment]
         assert all(not np.any(x) for x in jax.tree.leaves(task.init_mean))
@@ -75,7 +75,7 @@ def test_every_shipped_experiment_builds_and_starts_at_its_baseline(experiment):
 def test_the_schedule_kind_plots_its_learned_schedules_beside_ppos(tmp_path):
     from metarl import figures
 
-    task = build_task(load("schedule_transfer", []))
+    task = build_task(load("high_lr_schedule", []))
     assert task.kind.name == "schedule" and task.kind.baseline(task.inner_configs[0]) == "PPO's hyperparameters (lr annealed)"
     meta = {k: jnp.array([0.5, -1.0, 0.0]) for k in task.init_mean}
     paths = figures.schedule_plots(tmp_path, None, task, meta, {}, tmp_path, 5.0)
