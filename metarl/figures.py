@@ -166,4 +166,4 @@ def schedule_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range:
         if field == "lr" and getattr(inner, "anneal_lr", False):
             own = own * (1.0 - t)
         curves[field] = (own * np.asarray(scale), own)
-    return [plots.save(plots.schedule_figure(t, curves, f"{task.kind.baseline(inner)} (dashed)"), out / "schedule.png")]
+    return [plots.save(plots.schedule_figure(t, curves, task.kind.baseline(inner)), out / "schedule.png")]

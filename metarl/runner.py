@@ -14,7 +14,7 @@ from metarl import checkpoints, compilation, devices, figures, scores
 from metarl.config import RunConfig
 from metarl.launch import STOP_SIGNALS, ignored
 from metarl.logger import Logger, truncate_metrics
-from metarl.tasks import Task, build_task
+from metarl.tasks import Task
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
 
 

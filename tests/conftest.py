@@ -1,4 +1,5 @@
 import os
+import signal
 import tempfile
 
 from clihelp import TEST_XLA_FLAGS
@@ -14,3 +15,10 @@ os.environ.setdefault("METARL_NUM_PROCESSES", "1")
 # subprocesses, and only the first has to compile it.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="metarl-test-jax-cache-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+
+# Under `nohup` SIGHUP is ignored, and an ignored signal stays ignored in every process started from
+# here, so the runs the tests signal would never see it (a run keeps an inherited SIG_IGN on purpose).
+# A handler that does nothing keeps this process alive on a hangup, as nohup intends, while the runs
+# it starts get the default disposition back (exec resets handled signals).
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
