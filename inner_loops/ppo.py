@@ -322,8 +322,8 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             params, opt_state, env_state, obs, ep_return, last_mean = carry
             progress = training_progress(i_update, n_updates)
             scales = schedule.apply(_meta(meta_params, "schedule"), progress)
-            step_scale = scales.pop("lr", None)
-            update_config = config.replace(**{k: getattr(config, k) * m for k, m in scales.items()})
+            step_scale = scales.get("lr")
+            update_config = config.replace(**{k: getattr(config, k) * m for k, m in scales.items() if k != "lr"})
             k_act, k_env, k_perm, k_reset = jax.random.split(key, 4)
             # Every random number of the rollout in two draws, not two per step.
             if continuous:
