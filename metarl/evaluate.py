@@ -207,9 +207,9 @@ def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, d
 
 def normalized_scores(final: np.ndarray, baseline_mean: float, random_mean: float) -> np.ndarray:
     """(R - random) / (baseline - random), with the same positive scale rule as the fitness."""
-    from metarl import scores
+    from metarl.outer_loops.fitness import spans
 
-    span = scores.spans({"base": [baseline_mean], "low": [random_mean]})[0]
+    span = spans({"base": [baseline_mean], "low": [random_mean]})[0]
     return (np.asarray(final, float) - random_mean) / float(span)
 
 
@@ -234,7 +234,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_processes: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None) -> dict:
     from metarl import plots
-    from metarl.tasks import final_window_mean
+    from metarl.outer_loops.fitness import final_window_mean
 
     run_dir = Path(run_dir)
     cfg, task, on_train, meta, info, formula = _load(run_dir, env, total_timesteps, tasks, distilled)

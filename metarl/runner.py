@@ -15,6 +15,7 @@ from metarl.config import RunConfig
 from metarl.launch import STOP_SIGNALS, ignored
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task
+from metarl.outer_loops.fitness import degenerate
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
 
 
@@ -40,7 +41,7 @@ def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger
     if logger is not None:
         logger.message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: "
                        + scores.describe(reference))
-        bad = scores.degenerate(reference)
+        bad = degenerate(reference)
         if bad:
             logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "
                            "budget, so its normalised score has no scale there (the gap's size is used)")

@@ -1,9 +1,7 @@
-"""Scores across tasks: returns of different environments put on one scale, then aggregated.
-
-With ``fitness.normalize=baseline`` a task's score is ``(R - R_low) / (R_base - R_low)``: the
-hand-designed baseline's return scores 1 and a random policy's 0 (docs/experiments.md). Both are
-measured once, at the start of a run, and stored in ``reference.json``, so a resumed run scores
-exactly as before and measures nothing again.
+"""A run's fitness over its tasks: the evolution driver built with ``outer_loops.fitness``'s aggregate,
+and the reference returns ``fitness.normalize=baseline`` scores against (the baseline's and a random
+policy's per task). Both are measured once, at the start of a run, and stored in ``reference.json``,
+so a resumed run scores exactly as before and measures nothing again.
 """
 from __future__ import annotations
 
@@ -12,21 +10,20 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from metarl import compilation, devices
 from metarl.checkpoints import atomic_write
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.evolution import Evolution
+from metarl.outer_loops.fitness import make_aggregate, spans, task_key
 from metarl.stats import t_interval
-from metarl.tasks import build_task, task_key
+from metarl.tasks import build_task
 
 REFERENCE_FILE = "reference.json"
 # Streams of the run's seed for the reference measurements; evolution splits key(seed) itself, so
 # folding in a constant gives keys it never uses.
 _BASE_STREAM, _LOW_STREAM = 0x5EED_BA5E, 0x5EED_0001
-AGGREGATES = {"mean": jnp.mean, "median": jnp.median, "min": jnp.min}
 
 
 def build_evolution(cfg, task=None, mesh: Any = "auto", reference: Optional[dict] = None):
@@ -54,7 +51,7 @@ def normalization(cfg, num_tasks: int) -> str:
 def measure_reference(task, seed: int, num_seeds: int) -> dict:
     """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds, with its
     95% t-interval (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from
-    ``tasks.task_key(key, i)`` of each seed key, as a member and the control do."""
+    ``fitness.task_key(key, i)`` of each seed key, as a member and the control do."""
     root = jax.random.key(seed)
     base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
     low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
@@ -96,37 +93,3 @@ def load_reference(run_dir: Path, names: list[str]) -> Optional[dict]:
     except (OSError, json.JSONDecodeError):
         return None
     return reference if reference.get("tasks") == list(names) else None
-
-
-def spans(reference: dict) -> np.ndarray:
-    """``base - low`` per task, kept positive so that a higher return always scores higher: where the
-    baseline is no better than random play (a budget too short to learn) the gap's size is used, and
-    1 where there is no gap at all. ``degenerate`` names those tasks."""
-    low, base = np.asarray(reference["low"], np.float64), np.asarray(reference["base"], np.float64)
-    gap = np.abs(base - low)
-    return np.where(gap > 1e-6, gap, 1.0).astype(np.float32)
-
-
-def degenerate(reference: dict) -> list[str]:
-    """Tasks whose baseline does not beat random play: their normalised score has no meaning."""
-    return [n for n, b, lo in zip(reference["tasks"], reference["base"], reference["low"]) if not b > lo]
-
-
-def normalize(raw, reference: Optional[dict]):
-    """``(raw - low) / (base - low)`` per task along the last axis; raw when ``reference`` is None."""
-    if reference is None:
-        return raw
-    low = np.asarray(reference["low"], np.float32)
-    return (raw - low) / spans(reference)
-
-
-def make_aggregate(reference: Optional[dict], how: str = "mean") -> Callable:
-    """``aggregate(raw (popsize, tasks)) -> (fitness (popsize,), scores (popsize, tasks))`` for the
-    evolution driver: scores normalised by ``reference`` (None: raw), then reduced over tasks."""
-    reduce = AGGREGATES[how]
-
-    def aggregate(raw):
-        scores = normalize(raw, reference)
-        return reduce(scores, axis=-1), scores
-
-    return aggregate

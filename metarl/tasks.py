@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import math
 import sys
 from typing import Any, Callable, Optional
 
@@ -22,6 +21,7 @@ from metarl.config import ConfigError, RunConfig
 from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops import trainer as trainer_protocol
 from metarl.inner_loops import plugins
+from metarl.outer_loops.fitness import statistic_fn, task_key
 
 # The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
 # Imported on use so a trainer's import cost is paid only by its runs.
@@ -192,22 +192,6 @@ class Task:
     def make_train(self, meta, i: int = 0):
         """``train(key) -> (params, metrics)`` on task ``i`` with meta-parameters ``meta``."""
         return self.trainers[i](meta)
-
-
-def task_key(key: jax.Array, i: int) -> jax.Array:
-    """The key task ``i`` trains from on a seed key (members, the control and the reference returns alike)."""
-    return jax.random.fold_in(key, i) if i else key
-
-
-def final_window_mean(curve, window: float):
-    """The mean of the last ``window`` fraction (at least one point) of ``curve``'s last axis, a NumPy or
-    JAX array: a training's final return."""
-    n = max(1, math.ceil(window * curve.shape[-1]))
-    return curve[..., -n:].mean(axis=-1)
-
-
-def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
-    return {"final": lambda curve: final_window_mean(curve, window), "auc": lambda curve: curve.mean(axis=-1)}[name]
 
 
 def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
