@@ -131,7 +131,8 @@ def test_sigkill_of_the_launcher_at_any_moment_leaves_nothing_running(tmp_path, 
         # Process 0 has taken the run directory and restores, compiles or runs its first generation.
         "compile": lambda: "run directory:" in launch.output() and metrics_lines(run_dir) == 0,
         "mid generation": lambda: metrics_lines(run_dir) >= 2,
-        "checkpoint write": lambda: writing_checkpoint(run_dir),
+        # After process 0 has compiled, and so has removed what an earlier kill left half-written.
+        "checkpoint write": lambda: "compiled the generation" in launch.output() and writing_checkpoint(run_dir),
     }
     caught = []
     for moment, ready in moments.items():
