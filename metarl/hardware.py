@@ -14,9 +14,7 @@ def usable_cores() -> int:
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     quota = _cgroup_cpu_quota()
-    if quota is not None:
-        cores = min(cores, max(1, int(quota)))
-    return max(1, cores)
+    return cores if quota is None else min(cores, max(1, int(quota)))
 
 
 def _cgroup_cpu_quota() -> Optional[float]:

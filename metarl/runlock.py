@@ -7,6 +7,7 @@ children (``METARL_RUN_LOCK_FD``), so it is held while any process of the run li
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -116,11 +117,9 @@ def acquire_new(candidate: str | Path) -> RunLock:
     in the same second never share one."""
     while True:
         path = unique_dir(Path(candidate))
-        try:
+        with contextlib.suppress(FileExistsError):
             path.mkdir(parents=True)
             return acquire(path)
-        except FileExistsError:
-            pass
 
 
 def unique_dir(path: Path) -> Path:

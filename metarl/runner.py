@@ -1,6 +1,7 @@
 """The generation loop: evolve, report, checkpoint, resume, and stop cleanly on SIGINT/SIGTERM/SIGHUP."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import time
@@ -12,7 +13,7 @@ import numpy as np
 
 from metarl import checkpoints, compilation, devices, figures, scores
 from metarl.config import RunConfig
-from metarl.launch import STOP_SIGNALS, ignored
+from metarl.launch import stop_signals_to
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
@@ -25,7 +26,7 @@ class Interrupted(Exception):
         super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
 
 
-def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger=None) -> Optional[dict]:
+def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger: Logger) -> Optional[dict]:
     """The run's stored reference returns, measured (and stored) first if the run has none yet."""
     if scores.normalization(cfg, len(task.specs)) != "baseline":
         return None
@@ -35,43 +36,14 @@ def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger
         reference = scores.measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
         if write:
             scores.save_reference(run_dir, reference)
-        if logger is not None:
-            logger.message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
-    if logger is not None:
-        logger.message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: "
-                       + scores.describe(reference))
-        bad = scores.degenerate(reference)
-        if bad:
-            logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "
-                           "budget, so its normalised score has no scale there (the gap's size is used)")
+        logger.message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
+    logger.message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: "
+                   + scores.describe(reference))
+    bad = scores.degenerate(reference)
+    if bad:
+        logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "
+                       "budget, so its normalised score has no scale there (the gap's size is used)")
     return reference
-
-
-class _StopFlag:
-    """Turn the stop signals (``launch.STOP_SIGNALS``: SIGINT, SIGTERM, SIGHUP) into a flag read between
-    generations (a generation is one XLA call)."""
-    def __init__(self):
-        self.received: Optional[int] = None  # the first stop signal this process got
-        self._old = {}
-
-    def __enter__(self):
-        for sig in STOP_SIGNALS:
-            if ignored(sig):  # started under nohup, say
-                continue
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        if self.received is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.received = signum
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
 
 
 @dataclasses.dataclass
@@ -94,15 +66,12 @@ def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optio
     history: list[dict] = []
     start = 0
     if (Path(run_dir) / checkpoints.CKPT_DIR).is_dir():
-        reader = checkpoints.Checkpointer(run_dir, write=False)
-        try:
+        with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as reader:
             step = reader.latest_step()
             if step is not None:
                 state, meta = reader.restore(state, step)
                 start = int(meta["generation"])
                 history = list(meta["history"])[:start]
-        finally:
-            reader.close()
     return Prepared(task, evo, state, start, history)
 
 
@@ -148,14 +117,19 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     if cfg.fitness.num_seeds == 1:
         logger.message("note: fitness.num_seeds=1 measures no seed noise: signal_within, seed_noise, signal and "
                        "update_signal are recorded as null (docs/signal.md); fitness.num_seeds >= 2 measures them")
-    stop = _StopFlag()
-    with stop:
-        for g in range(start, cfg.es.generations):
+    received = []  # the stop signals this process got, read between generations (a generation is one XLA call)
+
+    def on_stop(signum, frame):
+        if received:  # a second signal: stop now
+            raise KeyboardInterrupt
+        received.append(signum)
+
+    with stop_signals_to(on_stop):
+        for done in range(start + 1, cfg.es.generations + 1):
             t = time.perf_counter()
             state, stats = step(state)
             stats = jax.device_get(stats)
-            seconds = time.perf_counter() - t
-            record = _record(stats, seconds, frames_per_gen, task.names)
+            record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)
             history.append(record)
             logger.log(record)
             warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations))
@@ -164,11 +138,10 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
             if record["best_so_far"] > best_so_far and is_main:
                 best_so_far = record["best_so_far"]
                 checkpoints.export_best(run_dir, state.best_params, _best_info(cfg, task, record))
-            done = g + 1
             # Processes receive a signal at different moments; all stop after the same generation. The
             # agreed signal is kept apart from the one received here, which may come after the agreement
             # and must not count as a second signal.
-            signum = devices.agree(stop.received or 0, f"stop/{done}")
+            signum = devices.agree(received[0] if received else 0, f"stop/{done}")
             if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or signum:
                 devices.assert_same_everywhere(state)
                 ckpt.save(done, state, history, config_dict)
@@ -184,24 +157,16 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                "best_so_far": best_so_far,
                "median_fps": float(np.median([r["fps"] for r in history[start:]])) if history[start:] else None}
     if is_main and logger.tracking:
-        logger.log_results(_figures(run_dir, logger, (cfg, task)), *_best_files(run_dir))
+        try:  # the figures of `python -m metarl.inspect`; none if that fails, since the run itself has succeeded
+            written = figures.write_figures(run_dir, loaded=(cfg, task))
+        except Exception as err:
+            logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
+            written = []
+        best = [run_dir / checkpoints.BEST_PARAMS, run_dir / checkpoints.BEST_INFO]
+        exported = all(f.exists() for f in best)
+        logger.log_results(written, best if exported else [], checkpoints.read_best(run_dir)[1] if exported else None)
     logger.finish(summary)
     return summary
-
-
-def _figures(run_dir: Path, logger: Logger, loaded: tuple) -> list[Path]:
-    """The figures of ``python -m metarl.inspect``, written to ``run_dir/figures``; none if that fails,
-    since the run itself has succeeded. ``loaded``: the run's ``(config, task)``, not built again."""
-    try:
-        return figures.write_figures(run_dir, loaded=loaded)
-    except Exception as err:
-        logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
-        return []
-
-
-def _best_files(run_dir: Path) -> tuple[list[Path], Optional[dict]]:
-    files = [run_dir / checkpoints.BEST_PARAMS, run_dir / checkpoints.BEST_INFO]
-    return (files, checkpoints.read_best(run_dir)[1]) if all(f.exists() for f in files) else ([], None)
 
 
 def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:
