@@ -26,9 +26,8 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-# XLA's CPU backend at LLVM optimisation level 1 rather than its default: compile time about halves
-# and the programs run as fast or faster (measured in docs/experiments.md). Rounding differs from the
-# default level's; a run, its resumption and its processes all use the same options.
+# XLA's CPU backend at LLVM optimisation level 1: about half the default level's compile time, programs as
+# fast or faster (docs/experiments.md); rounding differs, so a run, its resumption and its processes all use it.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
@@ -41,7 +40,6 @@ def compiler_options() -> dict:
 
 
 def compile_program(jitted, *args):
-    """``jitted`` lowered for ``args`` and compiled with ``compiler_options()``."""
     return jitted.lower(*args).compile(compiler_options())
 
 
@@ -108,9 +106,7 @@ def _receive(client, key: str, timeout_s: float) -> bytes:
 
 
 def _shared_cache_path(digest: bytes, options: dict):
-    """Where process 0 keeps a multi-process executable: keyed by the program, the compiler options,
-    the JAX version, the XLA flags, the process count and this CPU (its target and features, as XLA
-    describes them)."""
+    """Where process 0 keeps a multi-process executable, keyed by all that shapes it; None without a cache."""
     cache_dir = jax.config.jax_compilation_cache_dir
     if not cache_dir or os.environ.get("METARL_COMPILATION_CACHE", "1") == "0":
         return None

@@ -126,7 +126,6 @@ def agree(flag: int, name: str, timeout_s: float = 3600.0) -> int:
 
 
 def assert_same_everywhere(tree: Any) -> None:
-    """Fail loudly if the processes' copies of a replicated state differ."""
     if jax.process_count() > 1:
         multihost_utils.assert_equal(jax.tree.map(checkpoints.to_host, tree),
                                      "the evolution state differs between processes")

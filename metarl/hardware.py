@@ -51,8 +51,7 @@ def memory_per_device() -> Optional[int]:
     memory (CPU devices share it); None when unknown."""
     device = jax.local_devices()[0]
     if device.platform != "cpu":
-        stats = device.memory_stats() or {}
-        return stats.get("bytes_limit")
+        return (device.memory_stats() or {}).get("bytes_limit")
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

@@ -1,8 +1,7 @@
-"""Every CPU core of one machine: ``devices.num_processes=N`` starts N processes joined on loopback
-(docs/devices.md), each pinned to its own core from its start: one process uses further cores only in
-part, while N processes scale almost linearly. The parent starts ``python -m metarl.evolve`` N times
-with the same arguments, relays their output, forwards stop signals, stops the others if one fails,
-and returns the worst exit code; each child dies with the parent (``die_with_launcher``).
+"""Every CPU core of one machine (docs/devices.md): ``devices.num_processes=N`` starts ``python -m
+metarl.evolve`` N times with the same arguments, joined on loopback, each pinned to its own core; the
+parent relays their output, forwards stop signals, stops the others if one fails, and returns the worst
+exit code; each child dies with the parent (``die_with_launcher``).
 """
 from __future__ import annotations
 

@@ -26,70 +26,51 @@ class Interrupted(Exception):
         super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
 
 
-def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger: Logger) -> Optional[dict]:
-    """The run's stored reference returns, measured (and stored) first if the run has none yet."""
-    if scores.normalization(cfg, len(task.specs)) != "baseline":
-        return None
-    reference = scores.load_reference(run_dir, task.names)
-    if reference is None:
-        t = time.perf_counter()
-        reference = scores.measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
-        if write:
-            scores.save_reference(run_dir, reference)
-        logger.message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
-    logger.message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: "
-                   + scores.describe(reference))
-    bad = scores.degenerate(reference)
-    if bad:
-        logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "
-                       "budget, so its normalised score has no scale there (the gap's size is used)")
-    return reference
-
-
-@dataclasses.dataclass
-class Prepared:
-    """A run ready to go: its task, evolution, and the state to start from (restored if any)."""
-    task: Task
-    evo: Evolution
-    state: Any
-    start: int
-    history: list
-
-
-def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optional[Task] = None) -> Prepared:
-    """Build the evolution and restore the latest checkpoint, writing nothing: a checkpoint that cannot
-    be read raises ``CheckpointError`` before the caller has touched the run directory."""
+def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto",
+            task: Optional[Task] = None) -> tuple[Task, Evolution, Any, int, list]:
+    """``(task, evolution, state, start generation, history)``: the evolution built and the latest checkpoint
+    restored, writing nothing: a checkpoint that cannot be read raises ``CheckpointError`` before the caller
+    has touched the run directory."""
     # The state's shapes do not depend on the reference returns a several-task score needs; those
     # are measured (and stored) by `run`, once the run directory is this run's.
     task, evo = scores.build_evolution(cfg, task=task, mesh=mesh)
     state = evo.init(jax.random.key(cfg.seed))
     history: list[dict] = []
     start = 0
-    if (Path(run_dir) / checkpoints.CKPT_DIR).is_dir():
-        with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as reader:
-            step = reader.latest_step()
-            if step is not None:
-                state, meta = reader.restore(state, step)
-                start = int(meta["generation"])
-                history = list(meta["history"])[:start]
-    return Prepared(task, evo, state, start, history)
+    with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as reader:
+        step = reader.latest_step()  # None without a checkpoint directory, which a reader does not create
+        if step is not None:
+            state, meta = reader.restore(state, step)
+            start = int(meta["generation"])
+            history = list(meta["history"])[:start]
+    return task, evo, state, start, history
 
 
-def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optional[Prepared] = None) -> dict:
+def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optional[tuple] = None) -> dict:
     """Run (or continue) the evolution described by ``cfg`` in ``run_dir``; returns a summary.
     ``prepared`` (from ``prepare``) skips building and restoring again."""
     run_dir = Path(run_dir).resolve()
     is_main = jax.process_index() == 0
-    prepared = prepared or prepare(cfg, run_dir, mesh=mesh)
-    task, evo, state = prepared.task, prepared.evo, prepared.state
-    start, history = prepared.start, list(prepared.history)
+    task, evo, state, start, history = prepared or prepare(cfg, run_dir, mesh=mesh)
     config_dict = cfg.to_dict()
     logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
                     wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
                     mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
     logger.catch_up(history)
-    reference = reference_for(cfg, task, run_dir, write=is_main, logger=logger)
-    if reference is not None:  # the same state, scored against the reference
+    if scores.normalization(cfg, len(task.specs)) == "baseline":  # the same state, scored against the reference
+        reference = scores.load_reference(run_dir, task.names)
+        if reference is None:  # measured (and stored) the first time
+            t = time.perf_counter()
+            reference = scores.measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
+            if is_main:
+                scores.save_reference(run_dir, reference)
+            logger.message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
+        logger.message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: "
+                       + scores.describe(reference))
+        bad = scores.degenerate(reference)
+        if bad:
+            logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "
+                           "budget, so its normalised score has no scale there (the gap's size is used)")
         task, evo = scores.build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
 
     ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
@@ -99,8 +80,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
         truncate_metrics(run_dir, start)
 
     # The control (fitness.control) trains on the same seeds as one more member.
-    runs_per_seed = cfg.es.popsize + (cfg.fitness.control != "none")
-    frames_per_gen = runs_per_seed * cfg.fitness.num_seeds * task.frames_per_eval
+    frames_per_gen = (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds * task.frames_per_eval
     if start:
         logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
     if ckpt.removed_incomplete:
@@ -137,7 +117,10 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                 logger.message(warning)
             if record["best_so_far"] > best_so_far and is_main:
                 best_so_far = record["best_so_far"]
-                checkpoints.export_best(run_dir, state.best_params, _best_info(cfg, task, record))
+                checkpoints.export_best(run_dir, state.best_params, {
+                    "experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
+                    "tasks": task.names, "component": cfg.component, "inner": cfg.inner,
+                    "generation": record["generation"], "fitness": best_so_far, "seed": cfg.seed})
             # Processes receive a signal at different moments; all stop after the same generation. The
             # agreed signal is kept apart from the one received here, which may come after the agreement
             # and must not count as a second signal.
@@ -175,20 +158,13 @@ def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[s
         if k == "tasks":  # per task: {name: {raw_mean, score_mean, raw_best, score_best}}
             record[k] = {name: {stat: float(np.asarray(values)[i]) for stat, values in v.items()}
                          for i, name in enumerate(task_names)}
-            continue
-        if isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
+        elif isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
             record[k] = jax.tree.map(float, v)
-            continue
-        v = np.asarray(v)
-        record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
-        if k in SIGNAL_FIELDS and not np.isfinite(record[k]):  # not measured (one seed): null, not NaN
-            record[k] = None
+        else:
+            v = np.asarray(v)
+            record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
+            if k in SIGNAL_FIELDS and not np.isfinite(record[k]):  # not measured (one seed): null, not NaN
+                record[k] = None
     record["seconds"] = seconds
     record["fps"] = frames_per_gen / seconds if seconds > 0 else float("nan")
     return record
-
-
-def _best_info(cfg: RunConfig, task: Task, record: dict) -> dict:
-    return {"experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
-            "tasks": task.names, "component": cfg.component, "inner": cfg.inner, "generation": record["generation"],
-            "fitness": record["best_so_far"], "seed": cfg.seed}
