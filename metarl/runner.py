@@ -35,15 +35,13 @@ def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto",
     # are measured (and stored) by `run`, once the run directory is this run's.
     task, evo = scores.build_evolution(cfg, task=task, mesh=mesh)
     state = evo.init(jax.random.key(cfg.seed))
-    history: list[dict] = []
-    start = 0
     with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as reader:
         step = reader.latest_step()  # None without a checkpoint directory, which a reader does not create
-        if step is not None:
-            state, meta = reader.restore(state, step)
-            start = int(meta["generation"])
-            history = list(meta["history"])[:start]
-    return task, evo, state, start, history
+        if step is None:
+            return task, evo, state, 0, []
+        state, meta = reader.restore(state, step)
+    start = int(meta["generation"])
+    return task, evo, state, start, list(meta["history"])[:start]
 
 
 def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optional[tuple] = None) -> dict:
