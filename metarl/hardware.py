@@ -9,10 +9,7 @@ import jax
 
 def usable_cores() -> int:
     """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (containers, SLURM)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     quota = _cgroup_cpu_quota()
     return cores if quota is None else min(cores, max(1, int(quota)))
 
