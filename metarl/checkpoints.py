@@ -1,9 +1,7 @@
-"""Orbax checkpoints of the whole outer state, and the exported best meta-parameters.
-
-A checkpoint at generation G holds the evolution state after G generations (ES state with its
-optimizer state and search width, PRNG key, best-so-far) and, as JSON, the history of the G
-generations and the resolved config. Orbax writes each step to a temporary directory and renames it
-when complete, so a kill mid-write leaves the previous checkpoint intact; the leftover is cleaned.
+"""Orbax checkpoints of the whole outer state (docs/resume.md), and the exported best meta-parameters.
+A checkpoint at generation G holds the evolution state after G generations and, as JSON, the history of
+the G generations and the resolved config. Orbax writes each step to a temporary directory and renames
+it when complete, so a kill mid-write leaves the previous checkpoint intact; the leftover is removed.
 """
 from __future__ import annotations
 
@@ -34,43 +32,16 @@ def _ocp():
     return ocp
 
 
-def _manager(run_dir: Path, keep: int = 3, write: bool = True):
-    ocp = _ocp()
-    # Each process runs its own manager over host copies of the (replicated) state: only process 0
-    # saves, and Orbax's cross-process barriers would wait forever for processes that never save.
-    me = jax.process_index()
-    if write:
-        (run_dir / CKPT_DIR).mkdir(parents=True, exist_ok=True)
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=keep, cleanup_tmp_directories=write, enable_async_checkpointing=False, create=False,
-        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
-    return ocp.CheckpointManager(os.path.abspath(run_dir / CKPT_DIR), options=options)
-
-
-def _clean_incomplete(ckpt_dir: Path) -> list[str]:
-    """Remove step directories a kill left half-written (Orbax never reads them)."""
-    removed = []
-    if ckpt_dir.is_dir():
-        for child in ckpt_dir.iterdir():
-            if child.is_dir() and "orbax-checkpoint-tmp" in child.name:
-                shutil.rmtree(child, ignore_errors=True)
-                removed.append(child.name)
-    return removed
-
-
 def _is_key(x) -> bool:
     return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _to_host(x, copy: bool = True):
-    if _is_key(x):
-        x = jax.random.key_data(x)
-    if not copy:
-        return jax.ShapeDtypeStruct(x.shape, x.dtype)
-    return np.asarray(jax.device_get(x))
+def to_host(x) -> np.ndarray:
+    """A host NumPy copy of one leaf, a PRNG key as its raw data (``from_host`` wraps it again)."""
+    return np.asarray(jax.device_get(jax.random.key_data(x) if _is_key(x) else x))
 
 
-def _from_host(value, template):
+def from_host(value, template):
     if _is_key(template):
         return jax.random.wrap_key_data(value, impl=jax.random.key_impl(template))
     return value
@@ -78,33 +49,42 @@ def _from_host(value, template):
 
 class Checkpointer:
     def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
+        ocp = _ocp()
         self.run_dir = Path(run_dir)
         self.write = write  # only process 0 writes in a multi-process run
-        self.removed_incomplete = _clean_incomplete(self.run_dir / CKPT_DIR) if write else []
-        self.manager = _manager(self.run_dir, keep, write)
+        ckpt_dir = self.run_dir / CKPT_DIR
+        self.removed_incomplete = []  # step directories a kill left half-written (Orbax never reads them)
+        if write:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            for child in ckpt_dir.iterdir():
+                if child.is_dir() and "orbax-checkpoint-tmp" in child.name:
+                    shutil.rmtree(child, ignore_errors=True)
+                    self.removed_incomplete.append(child.name)
+        # Each process runs its own manager over host copies of the (replicated) state: only process 0
+        # saves, and Orbax's cross-process barriers would wait forever for processes that never save.
+        me = jax.process_index()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, cleanup_tmp_directories=write, enable_async_checkpointing=False, create=False,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
+        self.manager = ocp.CheckpointManager(os.path.abspath(ckpt_dir), options=options)
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
 
     def save(self, generation: int, state: Any, history: list[dict], config: dict) -> None:
-        if not self.write:
+        if not self.write or generation in self.manager.all_steps():  # a resumed run reaching a saved step again
             return
         # Host NumPy only, PRNG keys as their raw data: in a multi-process run Orbax refuses host-local
         # jax.Arrays, and a global one makes it expect every process to write.
-        state = jax.tree.map(_to_host, state)
         meta = {"generation": generation, "history": history, "config": config}
-        if generation in self.manager.all_steps():  # a resumed run reaching the same step again
-            return
         ocp = _ocp()
         self.manager.save(generation, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+            state=ocp.args.StandardSave(jax.tree.map(to_host, state)), meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
 
     def restore(self, template_state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
-        abstract = jax.tree.map(lambda x: np.zeros(np.shape(_to_host(x, False)), _to_host(x, False).dtype),
-                                template_state)
-        restored = self._read(step, state=abstract)
-        return jax.tree.map(_from_host, restored["state"], template_state), restored["meta"]
+        restored = self._read(step, state=jax.tree.map(lambda x: np.zeros_like(to_host(x)), template_state))
+        return jax.tree.map(from_host, restored["state"], template_state), restored["meta"]
 
     def read_meta(self, step: Optional[int] = None) -> dict:
         """The JSON part only (history and config): enough for plots, no template needed."""

@@ -17,11 +17,8 @@ from metarl.checkpoints import atomic_write
 
 
 def enable_compilation_cache() -> None:
-    """Keep compiled generations on disk, so that a resumed or repeated run skips compilation.
-
-    ``JAX_COMPILATION_CACHE_DIR`` chooses the directory (default ``~/.cache/metarl/jax``);
-    ``METARL_COMPILATION_CACHE=0`` turns it off.
-    """
+    """Keep compiled generations on disk (``JAX_COMPILATION_CACHE_DIR``, default ``~/.cache/metarl/jax``;
+    ``METARL_COMPILATION_CACHE=0`` turns it off), so that a resumed or repeated run skips compilation."""
     if os.environ.get("METARL_COMPILATION_CACHE", "1") == "0":
         return
     path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.expanduser("~/.cache/metarl/jax")
@@ -29,9 +26,8 @@ def enable_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
-# XLA's CPU backend at LLVM optimisation level 1 rather than its default: compile time about halves
-# and the programs run as fast or faster (measured in docs/experiments.md). Rounding differs from the
-# default level's; a run, its resumption and its processes all use the same options.
+# XLA's CPU backend at LLVM optimisation level 1: about half the default level's compile time, programs as
+# fast or faster (docs/experiments.md); rounding differs, so a run, its resumption and its processes all use it.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
@@ -44,11 +40,10 @@ def compiler_options() -> dict:
 
 
 def compile_program(jitted, *args):
-    """``jitted`` lowered for ``args`` and compiled with ``compiler_options()``."""
     return jitted.lower(*args).compile(compiler_options())
 
 
-def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
+def compile_once(jitted, *args, timeout_s: float = 3600.0):
     """``compile_program(jitted, *args)``, compiled once for all the processes of a run: in a
     multi-process CPU run process 0 compiles (or loads from ``_shared_cache_path``) and hands the
     executable to the others through the coordination service. JAX's persistent cache cannot do this
@@ -65,7 +60,7 @@ def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
     # The program's fingerprint travels with it: processes that traced different programs (a bug)
     # fail here instead of running another process's executable.
     digest = hashlib.sha256(lowered.as_text().encode()).digest()
-    key, client = f"metarl/executable/{name}", jax_private.coordination_client()
+    key, client = "metarl/executable/step", jax_private.coordination_client()
     if jax.process_index() != 0:
         message = _receive(client, key, timeout_s)
         if message[:len(digest)] != digest:
@@ -73,13 +68,10 @@ def compile_once(jitted, *args, name: str = "step", timeout_s: float = 3600.0):
         return load(message[len(digest):])
     path, compiled = _shared_cache_path(digest, options), None
     if path is not None and path.is_file():
-        try:
+        with contextlib.suppress(Exception):  # a stale or damaged entry: compile again
             payload = path.read_bytes()
             compiled = load(payload)
-            with contextlib.suppress(OSError):
-                os.utime(path)  # used: the last to be evicted
-        except Exception:  # a stale or damaged entry: compile again
-            compiled = None
+            os.utime(path)  # used: the last to be evicted
     if compiled is None:
         # An executable that JAX's own cache hands back cannot be serialized again: compile anew.
         was = jax.config.jax_enable_compilation_cache
@@ -114,9 +106,7 @@ def _receive(client, key: str, timeout_s: float) -> bytes:
 
 
 def _shared_cache_path(digest: bytes, options: dict):
-    """Where process 0 keeps a multi-process executable: keyed by the program, the compiler options,
-    the JAX version, the XLA flags, the process count and this CPU (its target and features, as XLA
-    describes them)."""
+    """Where process 0 keeps a multi-process executable, keyed by all that shapes it; None without a cache."""
     cache_dir = jax.config.jax_compilation_cache_dir
     if not cache_dir or os.environ.get("METARL_COMPILATION_CACHE", "1") == "0":
         return None
@@ -131,12 +121,12 @@ def _shared_cache_path(digest: bytes, options: dict):
 SHARED_CACHE_KEEP = 16  # multi-process executables kept (about 1-2 MB each), the most recently used
 
 
-def _evict_old_shared(cache_dir, keep: int = SHARED_CACHE_KEEP) -> None:
-    """Remove all but the ``keep`` most recently used multi-process executables from ``cache_dir``."""
+def _evict_old_shared(cache_dir) -> None:
+    """Remove all but the ``SHARED_CACHE_KEEP`` most recently used multi-process executables from ``cache_dir``."""
     entries = []
     for entry in Path(cache_dir).glob("metarl-multiprocess-*"):
         if not entry.name.endswith(".tmp"):
             with contextlib.suppress(OSError):  # removed meanwhile by another run
                 entries.append((entry.stat().st_mtime, entry))
-    for _, entry in sorted(entries, reverse=True)[keep:]:
+    for _, entry in sorted(entries, reverse=True)[SHARED_CACHE_KEEP:]:
         entry.unlink(missing_ok=True)

@@ -8,11 +8,10 @@ import os
 from typing import Any, Optional
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from metarl import compilation, hardware, jax_private
+from metarl import checkpoints, compilation, hardware, jax_private
 
 
 def population_mesh(popsize: int):
@@ -33,14 +32,6 @@ def check_divides(popsize: int, n_devices: int) -> None:
                          f"multiple of {n_devices} (such as {near})")
 
 
-def _global_leaf(x, sharding):
-    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        impl = jax.random.key_impl(x)
-        return jax.random.wrap_key_data(_global_leaf(jax.random.key_data(x), sharding), impl=impl)
-    value = np.asarray(jax.device_get(x))
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-
-
 def replicate(tree: Any, mesh: Optional[Any]) -> Any:
     """Place a host pytree on every device of ``mesh`` as global, fully replicated arrays, as a jitted
     call over a multi-process mesh needs: each process builds its own shards from its (identical) host
@@ -48,7 +39,12 @@ def replicate(tree: Any, mesh: Optional[Any]) -> Any:
     if mesh is None:
         return tree
     sharding = NamedSharding(mesh, P())
-    return jax.tree.map(lambda x: _global_leaf(x, sharding), tree)
+
+    def place(x):
+        value = checkpoints.to_host(x)
+        return checkpoints.from_host(jax.make_array_from_callback(value.shape, sharding, lambda index: value[index]), x)
+
+    return jax.tree.map(place, tree)
 
 
 def _env_int(*names: str) -> Optional[int]:
@@ -130,12 +126,6 @@ def agree(flag: int, name: str, timeout_s: float = 3600.0) -> int:
 
 
 def assert_same_everywhere(tree: Any) -> None:
-    """Fail loudly if the processes' copies of a replicated state differ."""
-    if jax.process_count() == 1:
-        return
-    def host(x):
-        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-            x = jax.random.key_data(x)
-        return np.asarray(jax.device_get(x))
-
-    multihost_utils.assert_equal(jax.tree.map(host, tree), "the evolution state differs between processes")
+    if jax.process_count() > 1:
+        multihost_utils.assert_equal(jax.tree.map(checkpoints.to_host, tree),
+                                     "the evolution state differs between processes")

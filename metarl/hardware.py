@@ -9,14 +9,9 @@ import jax
 
 def usable_cores() -> int:
     """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (containers, SLURM)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     quota = _cgroup_cpu_quota()
-    if quota is not None:
-        cores = min(cores, max(1, int(quota)))
-    return max(1, cores)
+    return cores if quota is None else min(cores, max(1, int(quota)))
 
 
 def _cgroup_cpu_quota() -> Optional[float]:
@@ -53,8 +48,7 @@ def memory_per_device() -> Optional[int]:
     memory (CPU devices share it); None when unknown."""
     device = jax.local_devices()[0]
     if device.platform != "cpu":
-        stats = device.memory_stats() or {}
-        return stats.get("bytes_limit")
+        return (device.memory_stats() or {}).get("bytes_limit")
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

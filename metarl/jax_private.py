@@ -7,9 +7,8 @@ from jax._src.lib import xla_client
 
 
 def coordination_client():
-    """The coordination service's client of a multi-process run: its key-value store and barriers
-    carry metarl's cross-process agreement and shared executables. JAX has no public accessor for
-    it (``jax.distributed`` exposes only initialize/shutdown)."""
+    """The coordination service's client of a multi-process run (its key-value store and barriers). JAX has
+    no public accessor for it (``jax.distributed`` exposes only initialize/shutdown)."""
     return distributed.global_state.client
 
 

@@ -1,8 +1,7 @@
-"""Every CPU core of one machine: ``devices.num_processes=N`` starts N processes joined on loopback
-(docs/devices.md), each pinned to its own core from its start: one process uses further cores only in
-part, while N processes scale almost linearly. The parent starts ``python -m metarl.evolve`` N times
-with the same arguments, relays their output, forwards stop signals, stops the others if one fails,
-and returns the worst exit code; each child dies with the parent (``die_with_launcher``).
+"""Every CPU core of one machine (docs/devices.md): ``devices.num_processes=N`` starts ``python -m
+metarl.evolve`` N times with the same arguments, joined on loopback, each pinned to its own core; the
+parent relays their output, forwards stop signals, stops the others if one fails, and returns the worst
+exit code; each child dies with the parent (``die_with_launcher``).
 """
 from __future__ import annotations
 
@@ -50,10 +49,20 @@ def core_sets(n: int) -> list[Optional[set[int]]]:
     return [set(cores[i * per:(i + 1) * per]) for i in range(n)]
 
 
-def ignored(sig: signal.Signals) -> bool:
-    """Whether this process was started with ``sig`` ignored (``nohup`` ignores SIGHUP): a run leaves
-    such a signal ignored rather than stopping on it."""
-    return signal.getsignal(sig) == signal.SIG_IGN
+@contextlib.contextmanager
+def stop_signals_to(handler):
+    """``handler`` receives the stop signals inside the block. A signal this process was started with
+    ignored (``nohup`` ignores SIGHUP) stays ignored rather than stopping the run; outside the main
+    thread, where Python cannot set handlers, nothing changes."""
+    try:
+        old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
+    except ValueError:  # not the main thread
+        old = {}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def die_with_launcher() -> None:
@@ -120,33 +129,29 @@ def launch(argv: list[str], num_processes: int, lock: runlock.RunLock, verbose: 
     def forward(signum, frame):
         signalled.append(signum)
         for child in children:
-            if child.poll() is None:
-                child.send_signal(signum)
+            child.send_signal(signum)  # nothing, to a child that has ended
 
-    old = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS if not ignored(sig)}
     try:
-        while True:
-            codes = [child.poll() for child in children]
-            if all(c is not None for c in codes):
-                return worst_code(codes)
-            if not signalled and any(c not in (None, 0) for c in codes):
-                # A failed process leaves the others waiting in a collective forever: stop them.
-                time.sleep(2.0)
-                for child in children:
-                    if child.poll() is None:
+        with stop_signals_to(forward):
+            while True:
+                codes = [child.poll() for child in children]
+                if all(c is not None for c in codes):
+                    return worst_code(codes)
+                if not signalled and any(c not in (None, 0) for c in codes):
+                    # A failed process leaves the others waiting in a collective forever: stop them.
+                    time.sleep(2.0)
+                    for child in children:
                         child.terminate()
-                deadline = time.monotonic() + 30
-                for child in children:
-                    try:
-                        child.wait(max(0.1, deadline - time.monotonic()))
-                    except subprocess.TimeoutExpired:
-                        child.kill()
-                        child.wait()
-                return worst_code([child.returncode for child in children])
-            time.sleep(0.2)
+                    deadline = time.monotonic() + 30
+                    for child in children:
+                        try:
+                            child.wait(max(0.1, deadline - time.monotonic()))
+                        except subprocess.TimeoutExpired:
+                            child.kill()
+                            child.wait()
+                    return worst_code([child.returncode for child in children])
+                time.sleep(0.2)
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
         # The children's last lines; a process a child started and left running (holding its end of
         # the pipe) delays this by a few seconds at most.
         deadline = time.monotonic() + 5

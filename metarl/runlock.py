@@ -1,14 +1,14 @@
-"""One run per run directory: an exclusive lock on ``RUN_DIR/.lock`` for the life of the run
-(docs/resume.md). The lock is ``fcntl.flock`` on an open file, not a PID file: the kernel drops it when
-the last descriptor of that open file closes, so any exit of the holder (SIGKILL included) releases it
-and no stale lock is left. The PID and host written in the file only name the holder to a refused
-process. A local multi-process launch takes the lock in the parent and hands its descriptor to the
-children (``METARL_RUN_LOCK_FD``), so it is held while any process of the run lives.
+"""One run per run directory (docs/resume.md): ``fcntl.flock`` on ``RUN_DIR/.lock``, not a PID file: the
+kernel drops it when the last descriptor of the open file closes (SIGKILL included), so no stale lock is
+left; the PID and host written in the file only name the holder to a refused process. A local launch hands
+the parent's descriptor to its children (``METARL_RUN_LOCK_FD``): the lock holds while any of them lives.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Optional
@@ -45,19 +45,16 @@ def _holder(fd: int) -> str:
     """Who holds the lock, from what the holders wrote: ``pid P host H`` (the process that took it),
     then ``child C`` for each process of its launch that shares it."""
     try:
-        lines = os.pread(fd, 4096, 0).decode(errors="replace").splitlines()
+        text = os.pread(fd, 4096, 0).decode(errors="replace")
     except OSError:
-        lines = []
-    first = lines[0].split() if lines else []
-    info = dict(zip(first[::2], first[1::2]))
-    if not info.get("pid", "").isdigit():
+        text = ""
+    holder = re.match(r"pid (\d+) host (\S+)\n", text)
+    if holder is None:
         return "another process"
-    pid, host = int(info["pid"]), info.get("host", "?")
+    pid, host = int(holder[1]), holder[2]
     if host != socket.gethostname() or _alive(pid):  # another host's processes cannot be looked at
         return f"process {pid} on host {host}"
-    children = [int(w[1]) for w in (line.split() for line in lines[1:])
-                if len(w) == 2 and w[0] == "child" and w[1].isdigit()]
-    alive = [c for c in children if _alive(c)]
+    alive = [child for child in map(int, re.findall(r"^child (\d+)$", text, re.M)) if _alive(child)]
     if alive:
         return (f"process {alive[0]} on host {host} (started by process {pid}, which has ended; "
                 f"stop it with: kill {' '.join(map(str, alive))})")
@@ -85,8 +82,7 @@ def _inherited(run_dir: Path) -> Optional[RunLock]:
 
 def name_children(lock: RunLock, pids: list[int]) -> None:
     """Add the processes a launch started, which share the lock, to what the holder wrote."""
-    end = os.fstat(lock.fd).st_size
-    os.pwrite(lock.fd, "".join(f"child {pid}\n" for pid in pids).encode(), end)
+    os.pwrite(lock.fd, "".join(f"child {pid}\n" for pid in pids).encode(), os.fstat(lock.fd).st_size)
 
 
 def acquire(run_dir: str | Path) -> RunLock:
@@ -116,11 +112,9 @@ def acquire_new(candidate: str | Path) -> RunLock:
     in the same second never share one."""
     while True:
         path = unique_dir(Path(candidate))
-        try:
+        with contextlib.suppress(FileExistsError):
             path.mkdir(parents=True)
             return acquire(path)
-        except FileExistsError:
-            pass
 
 
 def unique_dir(path: Path) -> Path:

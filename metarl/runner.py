@@ -1,6 +1,7 @@
 """The generation loop: evolve, report, checkpoint, resume, and stop cleanly on SIGINT/SIGTERM/SIGHUP."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import time
@@ -12,7 +13,7 @@ import numpy as np
 
 from metarl import checkpoints, compilation, devices, figures, scores
 from metarl.config import RunConfig
-from metarl.launch import STOP_SIGNALS, ignored
+from metarl.launch import stop_signals_to
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task
 from metarl.outer_loops.fitness import degenerate
@@ -26,102 +27,49 @@ class Interrupted(Exception):
         super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
 
 
-def reference_for(cfg: RunConfig, task: Task, run_dir: Path, write: bool, logger=None) -> Optional[dict]:
-    """The run's stored reference returns, measured (and stored) first if the run has none yet."""
-    if scores.normalization(cfg, len(task.specs)) != "baseline":
-        return None
-    reference = scores.load_reference(run_dir, task.names)
-    if reference is None:
-        t = time.perf_counter()
-        reference = scores.measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
-        if write:
-            scores.save_reference(run_dir, reference)
-        if logger is not None:
+def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto",
+            task: Optional[Task] = None) -> tuple[Task, Evolution, Any, int, list]:
+    """``(task, evolution, state, start generation, history)``: the evolution built and the latest checkpoint
+    restored, writing nothing: a checkpoint that cannot be read raises ``CheckpointError`` before the caller
+    has touched the run directory."""
+    # The state's shapes do not depend on the reference returns a several-task score needs; those
+    # are measured (and stored) by `run`, once the run directory is this run's.
+    task, evo = scores.build_evolution(cfg, task=task, mesh=mesh)
+    state = evo.init(jax.random.key(cfg.seed))
+    with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as reader:
+        step = reader.latest_step()  # None without a checkpoint directory, which a reader does not create
+        if step is None:
+            return task, evo, state, 0, []
+        state, meta = reader.restore(state, step)
+    start = int(meta["generation"])
+    return task, evo, state, start, list(meta["history"])[:start]
+
+
+def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optional[tuple] = None) -> dict:
+    """Run (or continue) the evolution described by ``cfg`` in ``run_dir``; returns a summary.
+    ``prepared`` (from ``prepare``) skips building and restoring again."""
+    run_dir = Path(run_dir).resolve()
+    is_main = jax.process_index() == 0
+    task, evo, state, start, history = prepared or prepare(cfg, run_dir, mesh=mesh)
+    config_dict = cfg.to_dict()
+    logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
+                    wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
+                    mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
+    logger.catch_up(history)
+    if scores.normalization(cfg, len(task.specs)) == "baseline":  # the same state, scored against the reference
+        reference = scores.load_reference(run_dir, task.names)
+        if reference is None:  # measured (and stored) the first time
+            t = time.perf_counter()
+            reference = scores.measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
+            if is_main:
+                scores.save_reference(run_dir, reference)
             logger.message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
-    if logger is not None:
         logger.message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: "
                        + scores.describe(reference))
         bad = degenerate(reference)
         if bad:
             logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "
                            "budget, so its normalised score has no scale there (the gap's size is used)")
-    return reference
-
-
-class _StopFlag:
-    """Turn the stop signals (``launch.STOP_SIGNALS``: SIGINT, SIGTERM, SIGHUP) into a flag read between
-    generations (a generation is one XLA call)."""
-    def __init__(self):
-        self.received: Optional[int] = None  # the first stop signal this process got
-        self._old = {}
-
-    def __enter__(self):
-        for sig in STOP_SIGNALS:
-            if ignored(sig):  # started under nohup, say
-                continue
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread
-                pass
-        return self
-
-    def _handle(self, signum, frame):
-        if self.received is not None:  # a second signal: stop now
-            raise KeyboardInterrupt
-        self.received = signum
-
-    def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-@dataclasses.dataclass
-class Prepared:
-    """A run ready to go: its task, evolution, and the state to start from (restored if any)."""
-    task: Task
-    evo: Evolution
-    state: Any
-    start: int
-    history: list
-
-
-def prepare(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", task: Optional[Task] = None) -> Prepared:
-    """Build the evolution and restore the latest checkpoint, writing nothing: a checkpoint that cannot
-    be read raises ``CheckpointError`` before the caller has touched the run directory."""
-    # The state's shapes do not depend on the reference returns a several-task score needs; those
-    # are measured (and stored) by `run`, once the run directory is this run's.
-    task, evo = scores.build_evolution(cfg, task=task, mesh=mesh)
-    state = evo.init(jax.random.key(cfg.seed))
-    history: list[dict] = []
-    start = 0
-    if (Path(run_dir) / checkpoints.CKPT_DIR).is_dir():
-        reader = checkpoints.Checkpointer(run_dir, write=False)
-        try:
-            step = reader.latest_step()
-            if step is not None:
-                state, meta = reader.restore(state, step)
-                start = int(meta["generation"])
-                history = list(meta["history"])[:start]
-        finally:
-            reader.close()
-    return Prepared(task, evo, state, start, history)
-
-
-def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optional[Prepared] = None) -> dict:
-    """Run (or continue) the evolution described by ``cfg`` in ``run_dir``; returns a summary.
-    ``prepared`` (from ``prepare``) skips building and restoring again."""
-    run_dir = Path(run_dir).resolve()
-    is_main = jax.process_index() == 0
-    prepared = prepared or prepare(cfg, run_dir, mesh=mesh)
-    task, evo, state = prepared.task, prepared.evo, prepared.state
-    start, history = prepared.start, list(prepared.history)
-    config_dict = cfg.to_dict()
-    logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
-                    wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
-                    mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
-    logger.catch_up(history)
-    reference = reference_for(cfg, task, run_dir, write=is_main, logger=logger)
-    if reference is not None:  # the same state, scored against the reference
         task, evo = scores.build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
 
     ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
@@ -131,8 +79,7 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
         truncate_metrics(run_dir, start)
 
     # The control (fitness.control) trains on the same seeds as one more member.
-    runs_per_seed = cfg.es.popsize + (cfg.fitness.control != "none")
-    frames_per_gen = runs_per_seed * cfg.fitness.num_seeds * task.frames_per_eval
+    frames_per_gen = (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds * task.frames_per_eval
     if start:
         logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
     if ckpt.removed_incomplete:
@@ -149,14 +96,19 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     if cfg.fitness.num_seeds == 1:
         logger.message("note: fitness.num_seeds=1 measures no seed noise: signal_within, seed_noise, signal and "
                        "update_signal are recorded as null (docs/signal.md); fitness.num_seeds >= 2 measures them")
-    stop = _StopFlag()
-    with stop:
-        for g in range(start, cfg.es.generations):
+    received = []  # the stop signals this process got, read between generations (a generation is one XLA call)
+
+    def on_stop(signum, frame):
+        if received:  # a second signal: stop now
+            raise KeyboardInterrupt
+        received.append(signum)
+
+    with stop_signals_to(on_stop):
+        for done in range(start + 1, cfg.es.generations + 1):
             t = time.perf_counter()
             state, stats = step(state)
             stats = jax.device_get(stats)
-            seconds = time.perf_counter() - t
-            record = _record(stats, seconds, frames_per_gen, task.names)
+            record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)
             history.append(record)
             logger.log(record)
             warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations))
@@ -164,12 +116,14 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                 logger.message(warning)
             if record["best_so_far"] > best_so_far and is_main:
                 best_so_far = record["best_so_far"]
-                checkpoints.export_best(run_dir, state.best_params, _best_info(cfg, task, record))
-            done = g + 1
+                checkpoints.export_best(run_dir, state.best_params, {
+                    "experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
+                    "tasks": task.names, "component": cfg.component, "inner": cfg.inner,
+                    "generation": record["generation"], "fitness": best_so_far, "seed": cfg.seed})
             # Processes receive a signal at different moments; all stop after the same generation. The
             # agreed signal is kept apart from the one received here, which may come after the agreement
             # and must not count as a second signal.
-            signum = devices.agree(stop.received or 0, f"stop/{done}")
+            signum = devices.agree(received[0] if received else 0, f"stop/{done}")
             if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or signum:
                 devices.assert_same_everywhere(state)
                 ckpt.save(done, state, history, config_dict)
@@ -185,24 +139,16 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                "best_so_far": best_so_far,
                "median_fps": float(np.median([r["fps"] for r in history[start:]])) if history[start:] else None}
     if is_main and logger.tracking:
-        logger.log_results(_figures(run_dir, logger, (cfg, task)), *_best_files(run_dir))
+        try:  # the figures of `python -m metarl.inspect`; none if that fails, since the run itself has succeeded
+            written = figures.write_figures(run_dir, loaded=(cfg, task))
+        except Exception as err:
+            logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
+            written = []
+        best = [run_dir / checkpoints.BEST_PARAMS, run_dir / checkpoints.BEST_INFO]
+        exported = all(f.exists() for f in best)
+        logger.log_results(written, best if exported else [], checkpoints.read_best(run_dir)[1] if exported else None)
     logger.finish(summary)
     return summary
-
-
-def _figures(run_dir: Path, logger: Logger, loaded: tuple) -> list[Path]:
-    """The figures of ``python -m metarl.inspect``, written to ``run_dir/figures``; none if that fails,
-    since the run itself has succeeded. ``loaded``: the run's ``(config, task)``, not built again."""
-    try:
-        return figures.write_figures(run_dir, loaded=loaded)
-    except Exception as err:
-        logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
-        return []
-
-
-def _best_files(run_dir: Path) -> tuple[list[Path], Optional[dict]]:
-    files = [run_dir / checkpoints.BEST_PARAMS, run_dir / checkpoints.BEST_INFO]
-    return (files, checkpoints.read_best(run_dir)[1]) if all(f.exists() for f in files) else ([], None)
 
 
 def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:
@@ -211,20 +157,13 @@ def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[s
         if k == "tasks":  # per task: {name: {raw_mean, score_mean, raw_best, score_best}}
             record[k] = {name: {stat: float(np.asarray(values)[i]) for stat, values in v.items()}
                          for i, name in enumerate(task_names)}
-            continue
-        if isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
+        elif isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
             record[k] = jax.tree.map(float, v)
-            continue
-        v = np.asarray(v)
-        record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
-        if k in SIGNAL_FIELDS and not np.isfinite(record[k]):  # not measured (one seed): null, not NaN
-            record[k] = None
+        else:
+            v = np.asarray(v)
+            record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
+            if k in SIGNAL_FIELDS and not np.isfinite(record[k]):  # not measured (one seed): null, not NaN
+                record[k] = None
     record["seconds"] = seconds
     record["fps"] = frames_per_gen / seconds if seconds > 0 else float("nan")
     return record
-
-
-def _best_info(cfg: RunConfig, task: Task, record: dict) -> dict:
-    return {"experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
-            "tasks": task.names, "component": cfg.component, "inner": cfg.inner, "generation": record["generation"],
-            "fitness": record["best_so_far"], "seed": cfg.seed}
