@@ -33,13 +33,6 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     return paths
 
 
-def _best_or_none(run_dir: Path, task):
-    try:
-        return checkpoints.read_best(run_dir, task.template)
-    except checkpoints.CheckpointError:
-        return None, None
-
-
 def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     comp = task.component
     temporal = getattr(comp, "temporal", False)
@@ -89,9 +82,8 @@ def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, erro
     paths = []
     # A temporal drift is drawn at several points of training; a plain one once.
     for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
-        progress = progress_of(fraction) if temporal else None
         # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
-        drift = np.asarray(r * a - apply_component(task.component, progress, meta, r, a, config))
+        drift = np.asarray(r * a - apply_component(task.component, progress_of(fraction), meta, r, a, config))
         fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
                                             float(config.clip_eps))
         if temporal:
@@ -146,7 +138,10 @@ def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple |
     cfg, task = loaded or results.load_run(run_dir)
     out = run_dir / FIGURES
     paths = fitness_plot(run_dir, cfg, out)
-    meta, info = _best_or_none(run_dir, task)
+    try:
+        meta, info = checkpoints.read_best(run_dir, task.template)
+    except checkpoints.CheckpointError:
+        meta, info = None, None
     if meta is None and task.kind.seam is not None:
         print(f"note: {run_dir} has exported no best meta-parameters yet; no component plot", file=sys.stderr)
     elif task.kind.plot is not None:  # a search without a seam plots its trajectory, best or not
@@ -156,10 +151,9 @@ def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple |
 
 def schedule_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     """The learned hyperparameters over training beside PPO's own (``schedule.png``)."""
-    inner = task.inner_configs[0]
+    inner, progress_of = task.inner_config, _progress_at(task)
     t = np.linspace(0.0, 1.0, 101)
-    scales = jax.vmap(lambda f: task.component.apply(meta, Progress(f, jnp.log(jnp.float32(num_updates(inner))))))(
-        jnp.asarray(t, jnp.float32))
+    scales = jax.vmap(lambda f: task.component.apply(meta, progress_of(f)))(jnp.asarray(t, jnp.float32))
     curves = {}
     for field, scale in scales.items():
         own = np.full_like(t, float(getattr(inner, field)))

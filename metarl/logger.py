@@ -12,7 +12,9 @@ import os
 import re
 import sys
 import time
+from collections import deque
 from pathlib import Path
+from statistics import median_high
 from typing import Callable, Optional
 
 from metarl.checkpoints import atomic_write
@@ -32,20 +34,10 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def _json_safe(value):
-    """``value`` with every NaN or infinity as None: JSON has no token for them (Python's json would
-    write ``NaN``, which strict readers refuse)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def to_json_line(record: dict) -> str:
-    return json.dumps(_json_safe(record), allow_nan=False) + "\n"
+    """``record`` as one line of JSON, every NaN or infinity as null: JSON has no token for them (Python's
+    json writes ``NaN``, which strict readers refuse)."""
+    return json.dumps(json.loads(json.dumps(record), parse_constant=lambda constant: None)) + "\n"
 
 
 def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
@@ -96,11 +88,11 @@ class Logger:
         self.total = total_generations
         self.progress = progress and write
         self.write = write
-        self.durations: list[float] = []
+        self.durations: deque = deque(maxlen=5)   # the last generations' seconds: the time left from their median
         self.task_names = list(task_names or [])
         self.wandb_run = None
         self.last_step = 0
-        if write and wandb_cfg and wandb_cfg.get("mode", "disabled") != "disabled":
+        if write and wandb_cfg and wandb_cfg["mode"] != "disabled":
             import wandb
 
             # wandb's footer (the run's history and summary, some 30 lines) repeats metrics.jsonl and the
@@ -108,9 +100,8 @@ class Logger:
             quiet = {} if verbose or "WANDB_QUIET" in os.environ else {"settings": wandb.Settings(quiet=True)}
             # A sweep's runs share `group` (null: each run stands alone). The id is stable per run
             # directory, so a resumed run continues the same wandb run.
-            self.wandb_run = wandb.init(**quiet, project=wandb_cfg.get("project", "metarl"),
-                                        entity=wandb_cfg.get("entity"), mode=wandb_cfg["mode"],
-                                        group=wandb_cfg.get("group"), tags=list(wandb_cfg.get("tags") or []),
+            # ``wandb_cfg``: the fields of ``logger.wandb`` (project, entity, mode, group, tags), wandb.init's own.
+            self.wandb_run = wandb.init(**quiet, **{**wandb_cfg, "tags": list(wandb_cfg["tags"] or [])},
                                         dir=str(self.run_dir), config=config, name=run_name or self.run_dir.name,
                                         id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16],
                                         resume="allow")
@@ -129,8 +120,7 @@ class Logger:
         self.durations.append(record["seconds"])
         if self.progress:
             g = record["generation"]
-            recent = sorted(self.durations[-5:])[len(self.durations[-5:]) // 2]
-            left = (self.total - g) * recent
+            left = (self.total - g) * median_high(self.durations)
             bad = f" | diverged {record['nonfinite']}" if record.get("nonfinite") else ""
             if record.get("signal") is not None:  # the share of the fitness spread that is not seed noise
                 bad += f" | signal {record['signal']:.2f}"
