@@ -24,7 +24,8 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     names = list(history[-1].get("tasks", {}))
     where = tasks.task_specs(cfg)[0].name if len(names) <= 1 else f"{len(names)} tasks"
     title = f"{cfg.experiment} on {where}: {len(history)}/{cfg.es.generations} generations, popsize {cfg.es.popsize}"
-    paths = [plots.save(plots.fitness_figure(history, title, paired=cfg.fitness.control == "paired"), out / "fitness.png")]
+    fig = plots.fitness_figure(history, title, paired=cfg.fitness.control == "paired")
+    paths = [plots.save(fig, out / "fitness.png")]
     if any("signal_between" in r for r in history):
         note = f"{title}; {cfg.fitness.num_seeds} seeds per member"
         paths.append(plots.save(plots.signal_figure(history, NOISE_THRESHOLD, note), out / "signal.png"))
@@ -36,7 +37,8 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
 def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     comp = task.component
     temporal = getattr(comp, "temporal", False)
-    fixed = f"best meta-parameters of generation {info.get('generation')} (fitness {info.get('fitness', float('nan')):.4g})"
+    fixed = (f"best meta-parameters of generation {info.get('generation')} "
+             f"(fitness {info.get('fitness', float('nan')):.4g})")
     # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
     extra = [i for i in getattr(comp, "inputs", ("error",)) if i not in ("error", *TEMPORAL_INPUTS)]
     progress_of = _progress_at(task)
@@ -84,10 +86,9 @@ def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, erro
     for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
         # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
         drift = np.asarray(r * a - apply_component(task.component, progress_of(fraction), meta, r, a, config))
+        note = f"training progress {fraction:.0%}{progress_of.note}" if temporal else ""
         fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
-                                            float(config.clip_eps))
-        if temporal:
-            fig.suptitle(f"training progress {fraction:.0%}" + progress_of.note, fontsize=9)
+                                            float(config.clip_eps), note)
         name = f"policy_objective_progress{int(round(fraction * 100)):03d}.png" if temporal else "policy_objective.png"
         paths.append(plots.save(fig, out / name))
     return paths

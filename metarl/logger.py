@@ -81,9 +81,8 @@ def _duration(seconds: float) -> str:
 
 class Logger:
     def __init__(self, run_dir: Path, config: dict, total_generations: int, progress: bool = True,
-                 wandb_cfg: Optional[dict] = None, write: bool = True, run_name: str = "",
-                 task_names: Optional[list] = None, mlflow_cfg: Optional[MlflowSection] = None,
-                 verbose: bool = False):
+                 wandb_cfg: Optional[dict] = None, write: bool = True, task_names: Optional[list] = None,
+                 mlflow_cfg: Optional[MlflowSection] = None, verbose: bool = False):
         self.run_dir = Path(run_dir)
         self.total = total_generations
         self.progress = progress and write
@@ -98,18 +97,15 @@ class Logger:
             # wandb's footer (the run's history and summary, some 30 lines) repeats metrics.jsonl and the
             # last progress line; quiet keeps its lines on where the run is saved and how to sync it.
             quiet = {} if verbose or "WANDB_QUIET" in os.environ else {"settings": wandb.Settings(quiet=True)}
-            # A sweep's runs share `group` (null: each run stands alone). The id is stable per run
-            # directory, so a resumed run continues the same wandb run.
-            # ``wandb_cfg``: the fields of ``logger.wandb`` (project, entity, mode, group, tags), wandb.init's own.
+            # logger.wandb's fields are wandb.init's own; a sweep's runs share `group` (null: each run stands
+            # alone). The id is stable per run directory, so a resumed run continues the same wandb run.
             self.wandb_run = wandb.init(**quiet, **{**wandb_cfg, "tags": list(wandb_cfg["tags"] or [])},
-                                        dir=str(self.run_dir), config=config, name=run_name or self.run_dir.name,
-                                        id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16],
-                                        resume="allow")
+                                        dir=str(self.run_dir), config=config, name=self.run_dir.name, resume="allow",
+                                        id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16])
         self.mlflow: Optional[MlflowRun] = None
         if write and mlflow_cfg is not None and mlflow_cfg.mode == "enabled":
-            self.mlflow = MlflowRun.open(mlflow_cfg, config.get("experiment", ""), self.run_dir,
-                                         run_name or self.run_dir.name, flatten(config),
-                                         {"metarl.run_dir": str(self.run_dir)}, self.message,
+            self.mlflow = MlflowRun.open(mlflow_cfg, config.get("experiment", ""), self.run_dir, self.run_dir.name,
+                                         flatten(config), {"metarl.run_dir": str(self.run_dir)}, self.message,
                                          parent_id=os.environ.get(PARENT_RUN_ENV))
 
     def log(self, record: dict) -> None:
@@ -298,7 +294,6 @@ class MlflowRun:
                      f"MLflow in this process, and {METRICS_FILE} keeps every generation")
 
     def _call(self, what: str, call: Callable) -> bool:
-        """``call(client, run_id)``, unless MLflow has failed before."""
         if self.client is None:
             return False
         try:
@@ -329,10 +324,8 @@ class MlflowRun:
     def log_files(self, paths: list, folder: Optional[str]) -> None:
         """Files, into the run's ``folder`` of artifacts (None: at their top; a resumed run's replace the
         earlier ones)."""
-        for path in paths:
-            if not self._call(f"uploading {Path(path).name}",
-                              lambda client, run: client.log_artifact(run, str(path), folder)):
-                return
+        for path in paths:  # after a failure, _call sends nothing
+            self._call(f"uploading {Path(path).name}", lambda client, run: client.log_artifact(run, str(path), folder))
 
     def set_tags(self, tags: dict) -> None:
         from mlflow.entities import RunTag

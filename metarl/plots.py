@@ -132,7 +132,6 @@ def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
 
 
 def _error_panel(ax, ylabel: str) -> None:
-    """Lines at zero error and zero ``ylabel`` over a panel whose x axis is the error."""
     ax.axhline(0, color="grey", lw=0.5)
     ax.axvline(0, color="grey", lw=0.5)
     ax.set(xlabel="error e = prediction - target", ylabel=ylabel)
@@ -206,11 +205,11 @@ def _centred(z):
 # --- learned policy objective ---------------------------------------------------------------------
 
 def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: np.ndarray,
-                            ppo_drift: np.ndarray, clip_eps: float) -> Figure:
+                            ppo_drift: np.ndarray, clip_eps: float, note: str = "") -> Figure:
     """2x2 heatmaps over ratio r (x) and advantage A (y): top the drift (learned | PPO's
     relu((r - clip(r)) A)), bottom the objective r A - drift (learned | PPO's clipped objective).
     Each row shares one colour scale; dashed lines mark PPO's clip range."""
-    fig = new_figure(10, 8)
+    fig = new_figure(10, 8, note)
     r, a = np.meshgrid(ratios, advantages)
     rows = (("drift", drift, ppo_drift, "magma", None),
             ("objective r·A - drift", r * a - drift, r * a - ppo_drift, "RdBu_r", "centred"))
@@ -235,9 +234,9 @@ def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: n
 FORMULA_COLOURS = ("tab:green", "tab:red", "tab:purple", "tab:brown")
 
 
-def math_label(latex: str, limit: int = 110) -> str:
+def math_label(latex: str) -> str:
     """``$latex$`` when matplotlib's mathtext reads it and it is short enough for a legend line, else ""."""
-    if len(latex) > limit:
+    if len(latex) > 110:
         return ""
     try:
         MathTextParser("path").parse(f"${latex}$")
