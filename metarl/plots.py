@@ -86,10 +86,7 @@ def fitness_figure(history: Sequence[dict], title: str = "", paired: bool = Fals
 
 
 def signal_figure(history: Sequence[dict], threshold: float, title: str = "") -> Figure:
-    """Top: the spread of the members' mean fitness (``signal_between``) against the part of it that
-    seed noise alone gives (``seed_noise``), and with a control, ``best_vs_control`` and
-    ``mean_vs_control``; bottom: the signal fraction (``signal``) and the update's (``update_signal``),
-    with the noise-dominated threshold. The names are the records' (docs/signal.md)."""
+    """``figures/signal.png`` as docs/signal.md describes it, from the records' fields of those names."""
     fig = new_figure(7, 5.5)
     top, bottom = fig.subplots(2, 1, sharex=True)
     gens, col = _generations(history)
