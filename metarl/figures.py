@@ -24,7 +24,8 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     names = list(history[-1].get("tasks", {}))
     where = tasks.task_specs(cfg)[0].name if len(names) <= 1 else f"{len(names)} tasks"
     title = f"{cfg.experiment} on {where}: {len(history)}/{cfg.es.generations} generations, popsize {cfg.es.popsize}"
-    paths = [plots.save(plots.fitness_figure(history, title, paired=cfg.fitness.control == "paired"), out / "fitness.png")]
+    fig = plots.fitness_figure(history, title, paired=cfg.fitness.control == "paired")
+    paths = [plots.save(fig, out / "fitness.png")]
     if any("signal_between" in r for r in history):
         note = f"{title}; {cfg.fitness.num_seeds} seeds per member"
         paths.append(plots.save(plots.signal_figure(history, NOISE_THRESHOLD, note), out / "signal.png"))
@@ -33,17 +34,11 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     return paths
 
 
-def _best_or_none(run_dir: Path, task):
-    try:
-        return checkpoints.read_best(run_dir, task.template)
-    except checkpoints.CheckpointError:
-        return None, None
-
-
 def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     comp = task.component
     temporal = getattr(comp, "temporal", False)
-    fixed = f"best meta-parameters of generation {info.get('generation')} (fitness {info.get('fitness', float('nan')):.4g})"
+    fixed = (f"best meta-parameters of generation {info.get('generation')} "
+             f"(fitness {info.get('fitness', float('nan')):.4g})")
     # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
     extra = [i for i in getattr(comp, "inputs", ("error",)) if i not in ("error", *TEMPORAL_INPUTS)]
     progress_of = _progress_at(task)
@@ -89,13 +84,11 @@ def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, erro
     paths = []
     # A temporal drift is drawn at several points of training; a plain one once.
     for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
-        progress = progress_of(fraction) if temporal else None
         # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
-        drift = np.asarray(r * a - apply_component(task.component, progress, meta, r, a, config))
+        drift = np.asarray(r * a - apply_component(task.component, progress_of(fraction), meta, r, a, config))
+        note = f"training progress {fraction:.0%}{progress_of.note}" if temporal else ""
         fig = plots.policy_objective_figure(np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
-                                            float(config.clip_eps))
-        if temporal:
-            fig.suptitle(f"training progress {fraction:.0%}" + progress_of.note, fontsize=9)
+                                            float(config.clip_eps), note)
         name = f"policy_objective_progress{int(round(fraction * 100)):03d}.png" if temporal else "policy_objective.png"
         paths.append(plots.save(fig, out / name))
     return paths
@@ -146,7 +139,10 @@ def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple |
     cfg, task = loaded or results.load_run(run_dir)
     out = run_dir / FIGURES
     paths = fitness_plot(run_dir, cfg, out)
-    meta, info = _best_or_none(run_dir, task)
+    try:
+        meta, info = checkpoints.read_best(run_dir, task.template)
+    except checkpoints.CheckpointError:
+        meta, info = None, None
     if meta is None and task.kind.seam is not None:
         print(f"note: {run_dir} has exported no best meta-parameters yet; no component plot", file=sys.stderr)
     elif task.kind.plot is not None:  # a search without a seam plots its trajectory, best or not
@@ -156,10 +152,9 @@ def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple |
 
 def schedule_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     """The learned hyperparameters over training beside PPO's own (``schedule.png``)."""
-    inner = task.inner_configs[0]
+    inner, progress_of = task.inner_config, _progress_at(task)
     t = np.linspace(0.0, 1.0, 101)
-    scales = jax.vmap(lambda f: task.component.apply(meta, Progress(f, jnp.log(jnp.float32(num_updates(inner))))))(
-        jnp.asarray(t, jnp.float32))
+    scales = jax.vmap(lambda f: task.component.apply(meta, progress_of(f)))(jnp.asarray(t, jnp.float32))
     curves = {}
     for field, scale in scales.items():
         own = np.full_like(t, float(getattr(inner, field)))

@@ -12,7 +12,9 @@ import os
 import re
 import sys
 import time
+from collections import deque
 from pathlib import Path
+from statistics import median_high
 from typing import Callable, Optional
 
 from metarl.checkpoints import atomic_write
@@ -32,20 +34,10 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     return records
 
 
-def _json_safe(value):
-    """``value`` with every NaN or infinity as None: JSON has no token for them (Python's json would
-    write ``NaN``, which strict readers refuse)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def to_json_line(record: dict) -> str:
-    return json.dumps(_json_safe(record), allow_nan=False) + "\n"
+    """``record`` as one line of JSON, every NaN or infinity as null: JSON has no token for them (Python's
+    json writes ``NaN``, which strict readers refuse)."""
+    return json.dumps(json.loads(json.dumps(record), parse_constant=lambda constant: None)) + "\n"
 
 
 def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
@@ -89,36 +81,31 @@ def _duration(seconds: float) -> str:
 
 class Logger:
     def __init__(self, run_dir: Path, config: dict, total_generations: int, progress: bool = True,
-                 wandb_cfg: Optional[dict] = None, write: bool = True, run_name: str = "",
-                 task_names: Optional[list] = None, mlflow_cfg: Optional[MlflowSection] = None,
-                 verbose: bool = False):
+                 wandb_cfg: Optional[dict] = None, write: bool = True, task_names: Optional[list] = None,
+                 mlflow_cfg: Optional[MlflowSection] = None, verbose: bool = False):
         self.run_dir = Path(run_dir)
         self.total = total_generations
         self.progress = progress and write
         self.write = write
-        self.durations: list[float] = []
+        self.durations: deque = deque(maxlen=5)   # the last generations' seconds: the time left from their median
         self.task_names = list(task_names or [])
         self.wandb_run = None
         self.last_step = 0
-        if write and wandb_cfg and wandb_cfg.get("mode", "disabled") != "disabled":
+        if write and wandb_cfg and wandb_cfg["mode"] != "disabled":
             import wandb
 
             # wandb's footer (the run's history and summary, some 30 lines) repeats metrics.jsonl and the
             # last progress line; quiet keeps its lines on where the run is saved and how to sync it.
             quiet = {} if verbose or "WANDB_QUIET" in os.environ else {"settings": wandb.Settings(quiet=True)}
-            # A sweep's runs share `group` (null: each run stands alone). The id is stable per run
-            # directory, so a resumed run continues the same wandb run.
-            self.wandb_run = wandb.init(**quiet, project=wandb_cfg.get("project", "metarl"),
-                                        entity=wandb_cfg.get("entity"), mode=wandb_cfg["mode"],
-                                        group=wandb_cfg.get("group"), tags=list(wandb_cfg.get("tags") or []),
-                                        dir=str(self.run_dir), config=config, name=run_name or self.run_dir.name,
-                                        id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16],
-                                        resume="allow")
+            # logger.wandb's fields are wandb.init's own; a sweep's runs share `group` (null: each run stands
+            # alone). The id is stable per run directory, so a resumed run continues the same wandb run.
+            self.wandb_run = wandb.init(**quiet, **{**wandb_cfg, "tags": list(wandb_cfg["tags"] or [])},
+                                        dir=str(self.run_dir), config=config, name=self.run_dir.name, resume="allow",
+                                        id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16])
         self.mlflow: Optional[MlflowRun] = None
         if write and mlflow_cfg is not None and mlflow_cfg.mode == "enabled":
-            self.mlflow = MlflowRun.open(mlflow_cfg, config.get("experiment", ""), self.run_dir,
-                                         run_name or self.run_dir.name, flatten(config),
-                                         {"metarl.run_dir": str(self.run_dir)}, self.message,
+            self.mlflow = MlflowRun.open(mlflow_cfg, config.get("experiment", ""), self.run_dir, self.run_dir.name,
+                                         flatten(config), {"metarl.run_dir": str(self.run_dir)}, self.message,
                                          parent_id=os.environ.get(PARENT_RUN_ENV))
 
     def log(self, record: dict) -> None:
@@ -129,8 +116,7 @@ class Logger:
         self.durations.append(record["seconds"])
         if self.progress:
             g = record["generation"]
-            recent = sorted(self.durations[-5:])[len(self.durations[-5:]) // 2]
-            left = (self.total - g) * recent
+            left = (self.total - g) * median_high(self.durations)
             bad = f" | diverged {record['nonfinite']}" if record.get("nonfinite") else ""
             if record.get("signal") is not None:  # the share of the fitness spread that is not seed noise
                 bad += f" | signal {record['signal']:.2f}"
@@ -308,7 +294,6 @@ class MlflowRun:
                      f"MLflow in this process, and {METRICS_FILE} keeps every generation")
 
     def _call(self, what: str, call: Callable) -> bool:
-        """``call(client, run_id)``, unless MLflow has failed before."""
         if self.client is None:
             return False
         try:
@@ -339,10 +324,8 @@ class MlflowRun:
     def log_files(self, paths: list, folder: Optional[str]) -> None:
         """Files, into the run's ``folder`` of artifacts (None: at their top; a resumed run's replace the
         earlier ones)."""
-        for path in paths:
-            if not self._call(f"uploading {Path(path).name}",
-                              lambda client, run: client.log_artifact(run, str(path), folder)):
-                return
+        for path in paths:  # after a failure, _call sends nothing
+            self._call(f"uploading {Path(path).name}", lambda client, run: client.log_artifact(run, str(path), folder))
 
     def set_tags(self, tags: dict) -> None:
         from mlflow.entities import RunTag

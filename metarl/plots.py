@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
+from matplotlib.mathtext import MathTextParser
 from matplotlib.ticker import MaxNLocator
 
 from metarl.stats import t_interval
@@ -77,17 +79,14 @@ def fitness_figure(history: Sequence[dict], title: str = "", paired: bool = Fals
     if bad.any():
         ax.plot(gens[bad], col("worst")[bad], "x", color="red", label="generation with diverged members")
     _generation_axis(ax, gens)
-    ax.set_ylabel("fitness - baseline's (paired)" if paired else "fitness (episode return)")
-    ax.set_title(title or "fitness over generations")
+    ax.set(ylabel="fitness - baseline's (paired)" if paired else "fitness (episode return)",
+           title=title or "fitness over generations")
     ax.legend(fontsize=8, loc="best")
     return fig
 
 
 def signal_figure(history: Sequence[dict], threshold: float, title: str = "") -> Figure:
-    """Top: the spread of the members' mean fitness (``signal_between``) against the part of it that
-    seed noise alone gives (``seed_noise``), and with a control, ``best_vs_control`` and
-    ``mean_vs_control``; bottom: the signal fraction (``signal``) and the update's (``update_signal``),
-    with the noise-dominated threshold. The names are the records' (docs/signal.md)."""
+    """``figures/signal.png`` as docs/signal.md describes it, from the records' fields of those names."""
     fig = new_figure(7, 5.5)
     top, bottom = fig.subplots(2, 1, sharex=True)
     gens, col = _generations(history)
@@ -129,6 +128,13 @@ def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
     return twin, True
 
 
+def _error_panel(ax, ylabel: str) -> None:
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.axvline(0, color="grey", lw=0.5)
+    ax.set(xlabel="error e = prediction - target", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+
+
 def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fixed: str = "") -> Figure:
     """Left: the learned loss shifted to 0 at zero error (raw values in the legend) beside L2 = 0.5 e^2.
     Right: its gradient with respect to the prediction beside L2's, e. ``errors`` = prediction - target."""
@@ -139,22 +145,14 @@ def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fi
     for ax, learned, base, name, base_label in (
             (fig.add_subplot(1, 2, 1), shifted, l2, "loss", "L2: 0.5 e²"),
             (fig.add_subplot(1, 2, 2), grad, l2_grad, "d loss / d prediction", "L2: e")):
-        ax.plot(errors, base, color=BASELINE, lw=2, label=base_label)
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.axvline(0, color="grey", lw=0.5)
+        lines = ax.plot(errors, base, color=BASELINE, lw=2, label=base_label)
+        _error_panel(ax, name)
         target, twinned = _twin_if_needed(ax, learned, base)
         label = "learned" + (" - learned(0)" if name == "loss" else "") + (" (right axis)" if twinned else "")
-        target.plot(errors, learned, color=LEARNED, lw=2, label=label)
+        lines += target.plot(errors, learned, color=LEARNED, lw=2, label=label)
         if twinned:
             target.set_ylabel(f"learned {name}", color=LEARNED)
-        ax.set_xlabel("error e = prediction - target")
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
-        handles = ax.get_legend_handles_labels()
-        if twinned:
-            more = target.get_legend_handles_labels()
-            handles = (handles[0] + more[0], handles[1] + more[1])
-        ax.legend(*handles, fontsize=8, loc="upper center")
+        ax.legend(handles=lines, fontsize=8, loc="upper center")
     fig.axes[0].set_title(f"value loss (learned at 0: {loss[zero]:.3g}, range {np.ptp(loss):.3g})")
     fig.axes[1].set_title("gradient w.r.t. the prediction")
     return fig
@@ -163,10 +161,8 @@ def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fi
 def value_loss_progress_figure(errors: np.ndarray, curves: dict, fixed: str = "") -> Figure:
     """A temporal value loss at several points of training (``curves``: fraction of training done ->
     (loss, gradient)): left the loss shifted to 0 at zero error, right its gradient; L2 dashed."""
-    import matplotlib
-
     fig = new_figure(11, 4.2, fixed)
-    cmap = matplotlib.colormaps["viridis"]
+    cmap = colormaps["viridis"]
     zero = int(np.argmin(np.abs(errors)))
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for i, (fraction, (loss, grad)) in enumerate(sorted(curves.items())):
@@ -176,11 +172,7 @@ def value_loss_progress_figure(errors: np.ndarray, curves: dict, fixed: str = ""
     left.plot(errors, 0.5 * errors**2, color=BASELINE, lw=1, ls="--", label="L2: 0.5 e²")
     right.plot(errors, errors, color=BASELINE, lw=1, ls="--", label="L2: e")
     for ax, name in ((left, "loss - loss(0)"), (right, "d loss / d prediction")):
-        ax.axhline(0, color="grey", lw=0.5)
-        ax.axvline(0, color="grey", lw=0.5)
-        ax.set_xlabel("error e = prediction - target")
-        ax.set_ylabel(name)
-        ax.grid(alpha=0.3)
+        _error_panel(ax, name)
         ax.legend(fontsize=8, loc="upper center")
     left.set_title("learned value loss through training")
     right.set_title("its gradient w.r.t. the prediction")
@@ -198,35 +190,29 @@ def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.nd
         ax = fig.add_subplot(1, 2, i + 1)
         mesh = ax.pcolormesh(errors, other, z, cmap="RdBu_r", norm=_centred(z), shading="auto")
         fig.colorbar(mesh, ax=ax)
-        ax.set_xlabel("error e = prediction - target")
-        ax.set_ylabel(other_name)
-        ax.set_title(name)
+        ax.set(xlabel="error e = prediction - target", ylabel=other_name, title=name)
     return fig
 
 
 def _centred(z):
-    lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 1.0
-    lim = lim if lim > 0 else 1.0
+    lim = (float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 0.0) or 1.0
     return TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
 
 
 # --- learned policy objective ---------------------------------------------------------------------
 
 def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: np.ndarray,
-                            ppo_drift: np.ndarray, clip_eps: float) -> Figure:
+                            ppo_drift: np.ndarray, clip_eps: float, note: str = "") -> Figure:
     """2x2 heatmaps over ratio r (x) and advantage A (y): top the drift (learned | PPO's
     relu((r - clip(r)) A)), bottom the objective r A - drift (learned | PPO's clipped objective).
     Each row shares one colour scale; dashed lines mark PPO's clip range."""
-    fig = new_figure(10, 8)
+    fig = new_figure(10, 8, note)
     r, a = np.meshgrid(ratios, advantages)
     rows = (("drift", drift, ppo_drift, "magma", None),
             ("objective r·A - drift", r * a - drift, r * a - ppo_drift, "RdBu_r", "centred"))
     for row, (name, learned, ppo, cmap, norm) in enumerate(rows):
         both = np.stack([learned, ppo])
-        if norm:
-            kw = {"norm": _centred(both)}
-        else:
-            kw = {"vmin": 0.0, "vmax": max(float(np.nanmax(both)), 1e-6)}
+        kw = {"norm": _centred(both)} if norm else {"vmin": 0.0, "vmax": max(float(np.nanmax(both)), 1e-6)}
         for col, (z, who) in enumerate(((learned, "learned"), (ppo, f"PPO (clip_eps={clip_eps:g})"))):
             ax = fig.add_subplot(2, 2, 2 * row + col + 1)
             mesh = ax.pcolormesh(ratios, advantages, z, cmap=cmap, shading="auto", **kw)
@@ -235,8 +221,7 @@ def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: n
             for x in (1 - clip_eps, 1 + clip_eps):
                 ax.axvline(x, color="white" if cmap == "magma" else "grey", ls="--", lw=0.8)
             ax.set_title(f"{who}: {name}", fontsize=10)
-            ax.set_xlabel("ratio r = π / π_old")
-            ax.set_ylabel("advantage A")
+            ax.set(xlabel="ratio r = π / π_old", ylabel="advantage A")
             fig.colorbar(mesh, ax=ax)
     return fig
 
@@ -246,11 +231,9 @@ def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: n
 FORMULA_COLOURS = ("tab:green", "tab:red", "tab:purple", "tab:brown")
 
 
-def math_label(latex: str, limit: int = 110) -> str:
+def math_label(latex: str) -> str:
     """``$latex$`` when matplotlib's mathtext reads it and it is short enough for a legend line, else ""."""
-    from matplotlib.mathtext import MathTextParser
-
-    if len(latex) > limit:
+    if len(latex) > 110:
         return ""
     try:
         MathTextParser("path").parse(f"${latex}$")
@@ -285,8 +268,7 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
                 target.set_ylabel("learned and formulas (right axis)", color=LEARNED, fontsize=8)
             ax.axhline(0, color="grey", lw=0.5)
             ax.set_title(panel["title"], fontsize=9)
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(panel["ylabel"])
+            ax.set(xlabel=xlabel, ylabel=panel["ylabel"])
             ax.grid(alpha=0.3)
     fig.legend(list(handles.values()), list(handles), loc="outside lower center", fontsize=8, ncols=1)
     return fig
@@ -335,9 +317,8 @@ def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") ->
         low, high = t_interval(c, axis=0)
         ax.fill_between(frames, low, high, color=colour, alpha=0.25, lw=0)
         ax.plot(frames, np.nanmean(c, axis=0), color=colour, lw=2, label=f"{label} (n={c.shape[0]})")
-    ax.set_xlabel("environment frames")
-    ax.set_ylabel("episode return")
-    ax.set_title(title or "learning curves (mean, 95% CI over seeds)")
+    ax.set(xlabel="environment frames", ylabel="episode return",
+           title=title or "learning curves (mean, 95% CI over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
@@ -349,21 +330,20 @@ def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure
     cols = min(3, len(names))
     rows_n = -(-len(names) // cols)
     fig = new_figure(4 * cols, 3 * rows_n)
-    axes = np.atleast_1d(fig.subplots(rows_n, cols, squeeze=False)).ravel()
     gens, _ = _generations(history)
-    for ax, name in zip(axes, names):
-        col = lambda k: np.array([r.get("tasks", {}).get(name, {}).get(k, np.nan) for r in history], dtype=float)
+    for i, name in enumerate(names):
+        ax = fig.add_subplot(rows_n, cols, i + 1)
+        _, col = _generations([r.get("tasks", {}).get(name, {}) for r in history])
         ax.plot(gens, col("raw_mean"), color=LEARNED, lw=2, label="population mean")
         ax.plot(gens, col("raw_best"), ".", color="tab:green", label="best member")
         ax.set_title(name, fontsize=9)
         ax.set_ylabel("return")
         _generation_axis(ax, gens)
+        if i == 0:
+            ax.legend(fontsize=7, loc="lower right")
         score = ax.twinx()
         score.plot(gens, col("score_mean"), color="0.4", lw=0.8, ls="--", label="mean score")
         score.set_ylabel("normalised score", fontsize=8)
-    for ax in axes[len(names):]:
-        ax.set_visible(False)
-    axes[0].legend(fontsize=7, loc="lower right")
     return fig
 
 
@@ -375,12 +355,13 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
     fig = new_figure(11, 4.2)
     ax, agg = fig.subplots(1, 2, width_ratios=[3, 1])
     x = np.arange(len(rows))
-    sides = [(-0.15, learned, LEARNED), (0.15, baseline, BASELINE)] + ([(0.0, formula, FORMULA_COLOURS[0])]
-                                                                      if formula else [])
-    for offset, label, color in sides:
+    # each side: x offset, label, colour, and its interquartile mean's key in aggregates[split] (or in a part of it)
+    sides = [(-0.15, learned, LEARNED, None, "iqm_learned"), (0.15, baseline, BASELINE, None, "iqm_baseline")]
+    if formula:
+        sides.append((0.0, formula, FORMULA_COLOURS[0], "formula", "iqm_learned"))
+    for offset, label, color, _, _ in sides:
         means = np.array([r["normalized"][label] for r in rows])
-        lows = np.array([r["normalized_ci95"][label][0] for r in rows])
-        highs = np.array([r["normalized_ci95"][label][1] for r in rows])
+        lows, highs = np.array([r["normalized_ci95"][label] for r in rows]).T
         ax.errorbar(x + offset, means, yerr=[means - lows, highs - means], fmt="o", color=color, capsize=3,
                     label=label)
     for i, r in enumerate(rows):
@@ -393,13 +374,10 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
     ax.set_ylabel("normalised score (baseline = 1, random = 0)")
     ax.legend(fontsize=8)
     names = list(aggregates)
-    for j, name in enumerate(names):
-        a = aggregates[name]
-        points = [(-0.15, a["iqm_learned"], a["iqm_learned_ci95"], LEARNED),
-                  (0.15, a["iqm_baseline"], a["iqm_baseline_ci95"], BASELINE)]
-        if formula:
-            points.append((0.0, a["formula"]["iqm_learned"], a["formula"]["iqm_learned_ci95"], FORMULA_COLOURS[0]))
-        for offset, value, (lo, hi), color in points:
+    for j, split in enumerate(aggregates.values()):
+        for offset, _, color, part, key in sides:
+            numbers = split[part] if part else split
+            value, (lo, hi) = numbers[key], numbers[f"{key}_ci95"]
             agg.errorbar([j + offset], [value], yerr=[[value - lo], [hi - value]], fmt="s", color=color, capsize=3)
     agg.set_xticks(np.arange(len(names)), [f"{n}\nP(improve) {aggregates[n]['probability_of_improvement']:.2f}"
                                            for n in names], fontsize=8)
@@ -415,8 +393,7 @@ def schedule_figure(progress: np.ndarray, curves: dict, baseline: str) -> Figure
         ax = fig.add_subplot(1, len(curves), i + 1)
         ax.plot(progress, learned, color=LEARNED, label="learned")
         ax.plot(progress, own, "--", color=BASELINE, label=baseline)
-        ax.set_xlabel("fraction of training done")
-        ax.set_title(name)
+        ax.set(xlabel="fraction of training done", title=name)
         if i == 0:
             ax.legend(fontsize=7)
     return fig
