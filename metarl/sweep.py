@@ -294,7 +294,7 @@ def _run(cli, app, experiment: str, experiments_dir: Optional[str], overrides: l
         os.environ[PARENT_RUN_ENV] = parent.run_id
     try:
         app.multirun(config_name=experiment, task_function=SweepJob(experiment, experiments_dir),
-                     overrides=[*config_lib.hydra_overrides(overrides), *config_lib.search_path(experiments_dir)],
+                     overrides=config_lib.hydra_args(overrides, experiments_dir),
                      with_log_configuration=False)
     except SweepStopped as stop:
         stopped = stop.code
