@@ -29,13 +29,6 @@ def refuse_chdir(composed) -> None:
              "started in)")
 
 
-def _read_saved(run_dir: Path, field: str) -> dict:
-    try:
-        return config_lib.read_saved(run_dir)
-    except config_lib.ConfigError as err:
-        fail(f"{field}: {err}")
-
-
 def check_existing(cfg, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses one of another
     config, or a directory that is not a run's (``ConfigError``: a path that cannot become one)."""
@@ -47,7 +40,7 @@ def check_existing(cfg, run_dir: Path) -> bool:
     if not (run_dir / CONFIG_FILE).exists():
         fail(f"run_dir: {run_dir} exists and is not a metarl run directory; allowed: a new or empty "
              "directory, or one of an earlier run of this config")
-    _refuse_search_change(_read_saved(run_dir, "run_dir"), cfg, run_dir)
+    _refuse_search_change(config_lib.read_saved(run_dir, "run_dir"), cfg, run_dir)
     return True
 
 

@@ -385,20 +385,22 @@ def save(cfg: RunConfig, run_dir: Path) -> None:
     atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(cfg.to_dict())))
 
 
-def read_saved(run_dir) -> dict:
+def read_saved(run_dir, field: Optional[str] = None) -> dict:
     """A run directory's ``config.yaml`` as plain data, unchecked; ``ConfigError`` if it is missing or
-    is no YAML mapping."""
+    is no YAML mapping, naming first the ``field`` (if any) that gave the directory."""
     from omegaconf import OmegaConf
 
     path = Path(run_dir) / CONFIG_FILE
+    where = f"{field}: {path}" if field else path
     if not path.is_file():
-        raise ConfigError(f"{path}: missing; allowed: a metarl run directory (it holds {CONFIG_FILE})")
+        raise ConfigError(f"{where}: missing; allowed: a metarl run directory (it holds {CONFIG_FILE})")
     try:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as err:  # YAML or OmegaConf: anything unreadable is the same error here
-        raise ConfigError(f"{path}: unreadable ({type(err).__name__}); allowed: the {CONFIG_FILE} a run wrote") from None
+        raise ConfigError(f"{where}: unreadable ({type(err).__name__}); allowed: the {CONFIG_FILE} a run "
+                          "wrote") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a mapping; allowed: the {CONFIG_FILE} a run wrote")
+        raise ConfigError(f"{where}: not a mapping; allowed: the {CONFIG_FILE} a run wrote")
     return data
 
 

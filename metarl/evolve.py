@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from metarl import config as config_lib
-from metarl.cli import _read_saved, _refuse_search_change, check_existing, fail, missing_experiment, refuse_chdir
+from metarl.cli import _refuse_search_change, check_existing, fail, missing_experiment, refuse_chdir
 from metarl.config import CONFIG_FILE, ConfigError
 from metarl.inner_loops import plugins
 from metarl.launch import die_with_launcher
@@ -106,7 +106,7 @@ def resolve(cli: CommandLine):
                  "RUN_DIR with its saved config; allowed: the run's own settings")
         config_lib.check_run_dir(special["resume"], "resume")
         run_dir = Path(special["resume"])
-        saved = _read_saved(run_dir, "resume")
+        saved = config_lib.read_saved(run_dir, "resume")
         if "experiment" in special and special["experiment"] != saved.get("experiment"):
             fail(f"experiment: {special['experiment']!r} differs from the run's {saved.get('experiment')!r}")
         # Hydra's reading of each value, as on a first run, so a value means the same on a resume.
@@ -229,12 +229,11 @@ def _trainer_fields(inner: dict):
     target = inner.get(plugins.TARGET) or TRAINERS.get(inner.get("algo", "ppo"))
     try:
         cls = plugins.locate(target, "inner._target_")
-    except Exception:
-        return None
-    if not dataclasses.is_dataclass(cls):
+        fields = dataclasses.fields(cls)
+    except Exception:  # no such class, or no dataclass
         return None
     defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                for f in dataclasses.fields(cls) if f.name != "env"}
+                for f in fields if f.name != "env"}
     return cls.__name__, {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()
                           if v is not dataclasses.MISSING}
 

@@ -202,9 +202,7 @@ def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]
 
 
 def log_mlflow_summary(parent: MlflowRun, sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
-    """The summary on the sweep's MLflow run: the best job's best fitness (``best``), its number
-    (``best_job``) and last mean fitness (``best_job_last_mean``), its overrides (tag ``best_overrides``),
-    and ``summary.csv`` / ``summary.json`` as files."""
+    """The summary on the sweep's MLflow run (docs/tracking.md), which then ends."""
     scored = [r for r in rows if r["best"] is not None and math.isfinite(r["best"])]
     if scored:
         best = max(scored, key=lambda r: r["best"])
