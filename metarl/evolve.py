@@ -24,7 +24,6 @@ CFG_TYPES = ("job", "hydra", "all")
 OPTIONS = "-m/--multirun, --cfg job|hydra|all, --package KEY, --resolve, --help, and KEY=VALUE"
 _FLAGS = {"-m": "multirun", "--multirun": "multirun", "-h": "help", "--help": "help", "--resolve": "resolve"}
 _VALUED = {"-c": "cfg", "--cfg": "cfg", "-p": "package", "--package": "package"}   # options with a value
-_VALUED_USAGE = {"cfg": "--cfg job|hydra|all", "package": "--package KEY"}
 # Hydra's other command-line options, and what takes their place here.
 _INSTEAD = {"--config-name": "experiment=NAME", "-cn": "experiment=NAME", "--config-path": "experiments_dir=PATH",
             "-cp": "experiments_dir=PATH", "--config-dir": "experiments_dir=PATH", "-cd": "experiments_dir=PATH"}
@@ -58,7 +57,8 @@ def parse_command_line(argv: list[str]) -> CommandLine:
             elif option:
                 value = value if eq else next(rest, None)
                 if value is None:
-                    fail(f"argument {name}: expected a value; allowed: {_VALUED_USAGE[option]}")
+                    fail(f"argument {name}: expected a value; allowed: --{option} "
+                         + ("job|hydra|all" if option == "cfg" else "KEY"))
                 if option == "cfg" and value not in CFG_TYPES:
                     fail(f"argument --cfg: {value!r}; allowed: {', '.join(CFG_TYPES)}")
                 setattr(cli, option, value)
@@ -245,10 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         if cli.help:
             print(help_text(cli))
             return 0
-        if cli.resolve and not cli.cfg:
-            fail("--resolve: used with --cfg only; allowed: --cfg job|hydra|all --resolve")
-        if cli.package and not cli.cfg:
-            fail("--package: used with --cfg only; allowed: --cfg job|hydra|all --package KEY")
+        for option, usage in (("resolve", "--resolve"), ("package", "--package KEY")):
+            if getattr(cli, option) and not cli.cfg:
+                fail(f"--{option}: used with --cfg only; allowed: --cfg job|hydra|all {usage}")
         if cli.cfg:
             return show_config(cli)
         if cli.multirun:

@@ -22,7 +22,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import config as config_lib
@@ -155,9 +155,7 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
         where = (f" (sweep job {num}" + (f": {swept})" if swept else ")")) if known else " (the sweep's settings)"
         try:
             job_cfg = app.config_loader.load_sweep_config(master, list(job))
-            with open_dict(job_cfg):
-                job_cfg.hydra.job.num = num
-                job_cfg.hydra.job.id = num
+            OmegaConf.update(job_cfg, "hydra.job", {"num": num, "id": num}, force_add=True)  # as Hydra's launcher
             HydraConfig.instance().set_config(job_cfg)
             run_dir = job_run_dir(job_cfg.hydra)
             if run_dir in seen:
