@@ -300,9 +300,7 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
     ``hydra_context``; ``experiments_dir`` is the checked folder it was made with.
 
     Every override is read and checked on its own first, so a bad one is named from the start:
-    malformed, several values without ``-m``, or a config group option that does not exist. The run's
-    keys go to Hydra as ``++key=value``, so that any trainer field can be set (``build`` refuses
-    unknown keys afterwards, with the allowed names)."""
+    malformed, several values without ``-m``, or a config group option that does not exist."""
     from hydra import compose as hydra_compose
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -337,9 +335,9 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
 
 
 def hydra_args(overrides: list[str], experiments_dir: Optional[str]) -> list[str]:
-    """What Hydra is given: ``++key=value`` (add or override) for the run's keys; Hydra's own keys and
-    groups, and overrides with their own prefix, as given; then the shipped experiments after a user's
-    folder (``hydra.searchpath``; none without one)."""
+    """What Hydra is given: the run's keys as ``++key=value`` (add or override), so that any trainer field
+    can be set (``build`` refuses unknown keys afterwards); Hydra's own, and overrides with their own
+    prefix, as given; then the shipped experiments after a user's folder (``hydra.searchpath``)."""
     return [*(o if o.startswith(("+", "~")) or is_hydra_override(o) else "++" + o for o in overrides),
             *([f"hydra.searchpath=[{EXPERIMENTS_DIR.as_uri()}]"] if experiments_dir else [])]
 

@@ -131,15 +131,6 @@ def resolve(cli: CommandLine):
     return cfg, run_dir, check_existing(cfg, run_dir), named
 
 
-def run_one(cli: CommandLine) -> int:
-    cfg, run_dir, resuming, named = resolve(cli)
-    # The processes of a local launch compose the same config, in the same run directory.
-    child_args = cli.args if "resume" in cli.special else [*cli.args, f"run_dir={run_dir}"]
-    from metarl.job import execute  # loads JAX: bad input above is answered without it
-
-    return execute(cfg, run_dir, resuming, named, child_args)
-
-
 def show_config(cli: CommandLine) -> int:
     """``--cfg job|hydra|all``: the composed config, checked, as Hydra prints it (``--package KEY``: one
     part of it; ``--resolve``: interpolations resolved)."""
@@ -254,7 +245,12 @@ def main(argv: list[str] | None = None) -> int:
             from metarl import sweep  # loads JAX: bad input above is answered without it
 
             return sweep.run(cli)
-        return run_one(cli)
+        cfg, run_dir, resuming, named = resolve(cli)
+        # The processes of a local launch compose the same config, in the same run directory.
+        child_args = cli.args if "resume" in cli.special else [*cli.args, f"run_dir={run_dir}"]
+        from metarl.job import execute  # loads JAX: bad input above is answered without it
+
+        return execute(cfg, run_dir, resuming, named, child_args)
     except ConfigError as err:  # bad input: one line, exit code 2
         fail(str(err))
 

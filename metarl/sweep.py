@@ -83,8 +83,7 @@ class SweepJob:
 
     def run(self, composed, run_dir: Path, given: list[str], overrides: list[str]) -> int:
         try:
-            cfg = config_lib.from_composed(composed, self.experiments_dir)
-            cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+            cfg = dataclasses.replace(config_lib.from_composed(composed, self.experiments_dir), run_dir=str(run_dir))
             cached = _CHECKED.get(tuple(given))
             task = cached[1] if cached is not None and cached[0] == cfg else None
             resuming = check_existing(cfg, run_dir)
