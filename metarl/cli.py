@@ -17,12 +17,6 @@ def fail(message: str, code: int = EXIT_BAD_INPUT):
     raise SystemExit(code)
 
 
-def missing_experiment(experiments_dir):
-    """Exit: no ``experiment=`` given; names the experiments (with those of ``experiments_dir``, checked)."""
-    fail("experiment: missing; allowed: experiment=" + "|".join(config_lib.available_experiments(experiments_dir))
-         + " (or resume=RUN_DIR)")
-
-
 def refuse_chdir(composed) -> None:
     if composed.hydra.job.chdir:
         fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "

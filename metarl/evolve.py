@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from metarl import config as config_lib
-from metarl.cli import _refuse_search_change, check_existing, fail, missing_experiment, refuse_chdir
+from metarl.cli import _refuse_search_change, check_existing, fail, refuse_chdir
 from metarl.config import CONFIG_FILE, ConfigError
 from metarl.inner_loops import plugins
 from metarl.launch import die_with_launcher
@@ -85,8 +85,6 @@ def parse_command_line(argv: list[str]) -> CommandLine:
 
 def _compose(cli: CommandLine):
     """Hydra's composition of the command line's experiment and overrides, Hydra's section included."""
-    if "experiment" not in cli.special:
-        missing_experiment(cli.experiments_dir)
     with config_lib.hydra_context(cli.experiments_dir):
         return config_lib.compose(cli.special["experiment"], cli.overrides, cli.experiments_dir)
 
@@ -239,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         for option, usage in (("resolve", "--resolve"), ("package", "--package KEY")):
             if getattr(cli, option) and not cli.cfg:
                 fail(f"--{option}: used with --cfg only; allowed: --cfg job|hydra|all {usage}")
+        if "experiment" not in cli.special and "resume" not in cli.special:
+            fail("experiment: missing; allowed: experiment="
+                 + "|".join(config_lib.available_experiments(cli.experiments_dir)) + " (or resume=RUN_DIR)")
         if cli.cfg:
             return show_config(cli)
         if cli.multirun:

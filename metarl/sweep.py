@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from metarl import config as config_lib
 from metarl import compilation, devices, runlock
 from metarl.checkpoints import atomic_write
-from metarl.cli import EXIT_BAD_INPUT, fail, missing_experiment, refuse_chdir
+from metarl.cli import EXIT_BAD_INPUT, fail, refuse_chdir
 from metarl.job import check_existing, check_run, execute
 from metarl.launch import STOP_SIGNALS, worst_code
 from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
@@ -218,8 +218,6 @@ def run(cli) -> int:
     if "resume" in special:
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
              "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
-    if "experiment" not in special:
-        missing_experiment(experiments_dir)
     for key in ("experiment", "experiments_dir"):
         if "," in special.get(key, ""):
             fail(f"{key}: {special[key]!r} lists several; allowed: one per sweep (a sweep composes one "
