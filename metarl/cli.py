@@ -17,23 +17,10 @@ def fail(message: str, code: int = EXIT_BAD_INPUT):
     raise SystemExit(code)
 
 
-def missing_experiment(experiments_dir):
-    """Exit: no ``experiment=`` given; names the experiments (with those of ``experiments_dir``, checked)."""
-    fail("experiment: missing; allowed: experiment=" + "|".join(config_lib.available_experiments(experiments_dir))
-         + " (or resume=RUN_DIR)")
-
-
 def refuse_chdir(composed) -> None:
     if composed.hydra.job.chdir:
         fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "
              "started in)")
-
-
-def _read_saved(run_dir: Path, field: str) -> dict:
-    try:
-        return config_lib.read_saved(run_dir)
-    except config_lib.ConfigError as err:
-        fail(f"{field}: {err}")
 
 
 def check_existing(cfg, run_dir: Path) -> bool:
@@ -47,7 +34,7 @@ def check_existing(cfg, run_dir: Path) -> bool:
     if not (run_dir / CONFIG_FILE).exists():
         fail(f"run_dir: {run_dir} exists and is not a metarl run directory; allowed: a new or empty "
              "directory, or one of an earlier run of this config")
-    _refuse_search_change(_read_saved(run_dir, "run_dir"), cfg, run_dir)
+    _refuse_search_change(config_lib.read_saved(run_dir, "run_dir"), cfg, run_dir)
     return True
 
 

@@ -44,9 +44,18 @@ def check_experiments_dir(experiments_dir: Optional[str]) -> Optional[str]:
 
 # --- the schema ----------------------------------------------------------------------------------
 
+def _checked(allowed: str, ok, **default):
+    """A setting whose values ``ok`` accepts; ``build`` refuses any other, saying what is ``allowed``."""
+    return dataclasses.field(**default, metadata={"ok": ok, "allowed": allowed})
+
+
 def _choice(*allowed: str):
-    """A setting with a fixed set of values, the first its default; ``build`` refuses any other."""
-    return dataclasses.field(default=allowed[0], metadata={"allowed": allowed})
+    """A setting with a fixed set of values, the first its default."""
+    return _checked(", ".join(allowed), allowed.__contains__, default=allowed[0])
+
+
+def _positive(default: int):
+    return _checked("> 0", lambda value: value > 0, default=default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,28 +63,30 @@ class ESSection(ESConfig):
     """The ``es`` section: the evolution driver's own settings (``ESConfig``), handed to it as they
     are, plus how many generations to run and where the search starts (the component's ``init``)."""
 
-    generations: int = 30
+    generations: int = _positive(30)
     init_mean: str = _choice("zeros", "init")
 
 
 @dataclasses.dataclass(frozen=True)
 class FitnessSection:
-    num_seeds: int = 2
+    num_seeds: int = _positive(2)
     statistic: str = _choice("final", "auc")
-    window: float = 0.2
+    window: float = _checked("a fraction in (0, 1]", lambda window: 0.0 < window <= 1.0, default=0.2)
     nonfinite_floor: Optional[float] = None
     # How each task's return becomes a score (docs/experiments.md); null: baseline with several
     # tasks, none with one.
-    normalize: Optional[str] = None
+    normalize: Optional[str] = _checked("baseline, none or null (baseline with several tasks, none with one)",
+                                        (None, "baseline", "none").__contains__, default=None)
     aggregate: str = _choice("mean", "median", "min")   # over tasks
     control: str = _choice("none", "baseline", "paired")   # docs/signal.md
-    reference_seeds: int = 32   # seeds of the reference returns normalize=baseline scores against
+    # seeds of the reference returns normalize=baseline scores against
+    reference_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=32)
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSection:
-    every: int = 5
-    keep: int = 3
+    every: int = _positive(5)
+    keep: int = _positive(3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,16 +95,21 @@ class WandbSection:
     project: str = "metarl"
     entity: Optional[str] = None
     group: Optional[str] = None   # runs of one sweep share a group; null: the run stands alone
-    tags: list = dataclasses.field(default_factory=list)
+    tags: list = _checked("a list of non-empty strings", lambda tags: all(isinstance(t, str) and t for t in tags),
+                          default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
 class MlflowSection:
     mode: str = _choice("disabled", "enabled")
     # A folder: a local store in it (mlflow.db and artifacts/); or MLflow's own URI (http://HOST:PORT, sqlite:///...).
-    tracking_uri: str = "mlruns"
-    experiment: Optional[str] = None   # null: the run's `experiment`
-    tags: dict = dataclasses.field(default_factory=dict)
+    tracking_uri: str = _checked("a folder for a local store (mlruns), or an MLflow tracking URI such as "
+                                 "http://HOST:PORT", lambda uri: uri.strip(), default="mlruns")
+    experiment: Optional[str] = _checked("a name, or null (the run's experiment)",
+                                         lambda name: name is None or name.strip(), default=None)
+    tags: dict = _checked("a mapping of names to strings or numbers, such as {study: doors}",
+                          lambda tags: all(isinstance(k, str) and k and isinstance(v, (str, int, float, bool))
+                                           for k, v in tags.items()), default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,15 +122,17 @@ class LoggerSection:
 
 @dataclasses.dataclass(frozen=True)
 class DevicesSection:
-    num_processes: typing.Union[int, str] = "auto"
+    num_processes: typing.Union[int, str] = _checked(
+        "auto (one process per usable CPU core, or one for all local GPUs) or a positive integer",
+        lambda n: n == "auto" or (isinstance(n, int) and n > 0), default="auto")
     coordinator_address: Optional[str] = None
     process_id: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    experiment: str
-    seed: int = 0
+    experiment: str = _checked("the name of an experiment", bool)
+    seed: int = _checked(f"an integer from 0 to {SEED_MAX}", lambda seed: 0 <= seed <= SEED_MAX, default=0)
     env: typing.Union[str, dict] = "CartPole-v1"   # a name, or {_target_: NAME or dotted.path, ...arguments}
     # Meta-training tasks (each an env, or {env, inner: {...}, name}); empty: the one task `env`.
     tasks: Optional[list] = None
@@ -153,10 +171,8 @@ def _coerce(value, tp, path):
             except ConfigError as err:
                 errors.append(err)
         # A value of the right type but out of range (an int past int32) says so, not "a string".
-        for arg, err in zip(args, errors):
-            if isinstance(value, arg) and not isinstance(value, bool):
-                raise err
-        raise errors[-1]
+        raise next((err for arg, err in zip(args, errors) if isinstance(value, arg) and not isinstance(value, bool)),
+                   errors[-1])
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{path}: {value!r}; allowed: a mapping of {', '.join(_key(f) for f in dataclasses.fields(tp))}")
@@ -183,8 +199,8 @@ def _key(field: dataclasses.Field) -> str:
 
 
 def build(cls, data: dict, prefix: str = ""):
-    """Build dataclass ``cls`` from a plain dict, refusing unknown keys, wrong types and values outside
-    a ``_choice``."""
+    """Build dataclass ``cls`` from a plain dict, refusing unknown keys, wrong types and values that a
+    field's ``ok`` (``_checked``) refuses."""
     hints = typing.get_type_hints(cls)
     fields = {_key(f): f for f in dataclasses.fields(cls)}
     unknown = [k for k in data if k not in fields]
@@ -194,9 +210,9 @@ def build(cls, data: dict, prefix: str = ""):
     for key, value in data.items():
         field = fields[key]
         kwargs[field.name] = value = _coerce(value, hints[field.name], prefix + key)
-        allowed = field.metadata.get("allowed")
-        if allowed and value not in allowed:
-            raise ConfigError(f"{prefix}{key}: {value!r}; allowed: {', '.join(allowed)}")
+        if "ok" in field.metadata and not field.metadata["ok"](value):
+            shown = "empty" if isinstance(value, str) and not value.strip() else repr(value)
+            raise ConfigError(f"{prefix}{key}: {shown}; allowed: {field.metadata['allowed']}")
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field is missing
@@ -214,46 +230,10 @@ def to_dict(value):
     return value
 
 
-def validate(cfg: RunConfig) -> RunConfig:
-    """Checks that need no trainer: the trainer's own fields are checked when the task is built."""
-    if not cfg.experiment:
-        raise ConfigError("experiment: empty; allowed: the name of an experiment")
-    for path, value in (("es.generations", cfg.es.generations), ("fitness.num_seeds", cfg.fitness.num_seeds),
-                        ("checkpoint.every", cfg.checkpoint.every), ("checkpoint.keep", cfg.checkpoint.keep)):
-        if value <= 0:
-            raise ConfigError(f"{path}: {value!r}; allowed: > 0")
-    if cfg.fitness.reference_seeds < 2:
-        raise ConfigError(f"fitness.reference_seeds: {cfg.fitness.reference_seeds}; allowed: an integer >= 2")
-    if cfg.fitness.normalize not in (None, "baseline", "none"):
-        raise ConfigError(f"fitness.normalize: {cfg.fitness.normalize!r}; allowed: baseline, none "
-                          "or null (baseline with several tasks, none with one)")
-    if not 0.0 < cfg.fitness.window <= 1.0:
-        raise ConfigError(f"fitness.window: {cfg.fitness.window!r}; allowed: a fraction in (0, 1]")
-    if any(not isinstance(tag, str) or not tag for tag in cfg.logger.wandb.tags):
-        raise ConfigError(f"logger.wandb.tags: {cfg.logger.wandb.tags!r}; allowed: a list of non-empty strings")
-    mlflow = cfg.logger.mlflow
-    if not mlflow.tracking_uri.strip():
-        raise ConfigError("logger.mlflow.tracking_uri: empty; allowed: a folder for a local store (mlruns), "
-                          "or an MLflow tracking URI such as http://HOST:PORT")
-    if mlflow.experiment is not None and not mlflow.experiment.strip():
-        raise ConfigError("logger.mlflow.experiment: empty; allowed: a name, or null (the run's experiment)")
-    if any(not isinstance(k, str) or not k or not isinstance(v, (str, int, float, bool))
-           for k, v in mlflow.tags.items()):
-        raise ConfigError(f"logger.mlflow.tags: {mlflow.tags!r}; allowed: a mapping of names to strings or "
-                          "numbers, such as {study: doors}")
-    n = cfg.devices.num_processes
-    if not (n == "auto" or (isinstance(n, int) and n > 0)):
-        raise ConfigError(f"devices.num_processes: {n!r}; allowed: auto (one process per usable CPU core, or "
-                          "one for all local GPUs) or a positive integer")
-    if not 0 <= cfg.seed <= SEED_MAX:
-        raise ConfigError(f"seed: {cfg.seed}; allowed: an integer from 0 to {SEED_MAX}")
-    return cfg
-
-
 def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
     """Refuse a path that cannot become a directory: an existing file, a path under a file, or a
     place this user may not create it in. Nothing is created here. Checked where a run starts, not in
-    ``validate``: a saved config read on another machine (inspect, evaluate) names a path of that one."""
+    ``build``: a saved config read on another machine (inspect, evaluate) names a path of that one."""
     path = Path(run_dir).expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{field}: {run_dir} is a file; allowed: a new or existing directory")
@@ -293,7 +273,7 @@ def parse_overrides(overrides: list[str]) -> list:
         try:
             parsed.append(parser.parse_overrides([override])[0])
         except HydraException as err:
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            reason = (str(err).strip() or type(err).__name__).splitlines()[0]
             raise ConfigError(f"{override_key(override) or override}: cannot read the override {override!r} "
                               f"({reason}); allowed: KEY=VALUE with VALUE a number, a word, true/false, null "
                               "or a list such as [64,64] (quoted in the shell)") from None
@@ -305,7 +285,7 @@ def hydra_context(experiments_dir: Optional[str] = None):
     """Hydra initialised over the experiment folders (its public compose API), yielding Hydra's
     application object: compose inside it. The user's ``experiments_dir`` (checked) is the primary
     folder, so its files are found by name and can list the shipped ``base``, or any shipped
-    experiment, in their defaults; the shipped folder comes next (``search_path``)."""
+    experiment, in their defaults; the shipped folder comes next (``hydra_args``)."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -314,20 +294,13 @@ def hydra_context(experiments_dir: Optional[str] = None):
         yield GlobalHydra.instance().hydra
 
 
-def search_path(experiments_dir: Optional[str]) -> list[str]:
-    """Hydra's override adding the shipped experiments after a user's folder (none without one)."""
-    return [f"hydra.searchpath=[{EXPERIMENTS_DIR.as_uri()}]"] if experiments_dir else []
-
-
 def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None, multirun: bool = False):
     """Hydra's composition of ``<experiment>.yaml`` with ``overrides`` (the run's and Hydra's own), its
     section included; ``multirun``: a sweep's, where ``key=a,b`` lists values to sweep. Call inside
     ``hydra_context``; ``experiments_dir`` is the checked folder it was made with.
 
     Every override is read and checked on its own first, so a bad one is named from the start:
-    malformed, several values without ``-m``, or a config group option that does not exist. The run's
-    keys go to Hydra as ``++key=value``, so that any trainer field can be set (``build`` refuses
-    unknown keys afterwards, with the allowed names)."""
+    malformed, several values without ``-m``, or a config group option that does not exist."""
     from hydra import compose as hydra_compose
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -347,14 +320,13 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
             options = app.config_loader.get_group_options(key)
             if override.value() not in options:
                 raise ConfigError(f"{key}: unknown option {override.value()!r}; allowed: {', '.join(sorted(options))}")
-    args = [*hydra_overrides(overrides), *search_path(experiments_dir)]
+    args = hydra_args(overrides, experiments_dir)
     try:
         if multirun:  # Hydra's public compose API composes a single run's config only
             return app.compose_config(experiment, args, run_mode=RunMode.MULTIRUN, with_log_configuration=False)
         return hydra_compose(experiment, args, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException) as err:  # one line naming the setting (OmegaConf's key)
-        text = str(err).strip()
-        first = (text.splitlines()[0] if text else type(err).__name__).replace("++", "").rstrip(".")
+        first = (str(err).strip() or type(err).__name__).splitlines()[0].replace("++", "").rstrip(".")
         key = getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None) or "overrides"
         allowed = ("a key of Hydra's config (`python -m metarl.evolve experiment=NAME --cfg hydra` shows them)"
                    if str(key).startswith("hydra") else "a value of the setting's type (see experiments/base.yaml), "
@@ -362,25 +334,23 @@ def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str
         raise ConfigError(f"{key}: {first}; allowed: {allowed}") from None
 
 
-def hydra_overrides(overrides: list[str]) -> list[str]:
-    """``++key=value`` (add or override) for the run's keys; Hydra's own keys and groups, and overrides
-    with their own prefix, as given."""
-    return [o if o.startswith(("+", "~")) or is_hydra_override(o) else "++" + o for o in overrides]
+def hydra_args(overrides: list[str], experiments_dir: Optional[str]) -> list[str]:
+    """What Hydra is given: the run's keys as ``++key=value`` (add or override), so that any trainer field
+    can be set (``build`` refuses unknown keys afterwards); Hydra's own, and overrides with their own
+    prefix, as given; then the shipped experiments after a user's folder (``hydra.searchpath``)."""
+    return [*(o if o.startswith(("+", "~")) or is_hydra_override(o) else "++" + o for o in overrides),
+            *([f"hydra.searchpath=[{EXPERIMENTS_DIR.as_uri()}]"] if experiments_dir else [])]
 
 
 def from_composed(composed, experiments_dir: Optional[str] = None) -> RunConfig:
     """The checked config of a composition (``compose``, or a sweep's job), without Hydra's section;
     ``experiments_dir``: the checked folder it was composed with."""
-    import copy
-
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    task = copy.deepcopy(composed)
-    with open_dict(task):
-        task.pop("hydra", None)
     try:
-        data = OmegaConf.to_container(task, resolve=True)
+        data = OmegaConf.to_container(OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"]),
+                                      resolve=True)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or "config"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}; allowed: a value, or an interpolation that "
@@ -397,7 +367,7 @@ def load(experiment: str, overrides: list[str], experiments_dir: Optional[str] =
 
 
 def from_dict(data: dict) -> RunConfig:
-    return validate(build(RunConfig, data))
+    return build(RunConfig, data)
 
 
 # --- a run directory's config.yaml --------------------------------------------------------------
@@ -413,20 +383,22 @@ def save(cfg: RunConfig, run_dir: Path) -> None:
     atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(cfg.to_dict())))
 
 
-def read_saved(run_dir) -> dict:
+def read_saved(run_dir, field: Optional[str] = None) -> dict:
     """A run directory's ``config.yaml`` as plain data, unchecked; ``ConfigError`` if it is missing or
-    is no YAML mapping."""
+    is no YAML mapping, naming first the ``field`` (if any) that gave the directory."""
     from omegaconf import OmegaConf
 
     path = Path(run_dir) / CONFIG_FILE
+    where = f"{field}: {path}" if field else path
     if not path.is_file():
-        raise ConfigError(f"{path}: missing; allowed: a metarl run directory (it holds {CONFIG_FILE})")
+        raise ConfigError(f"{where}: missing; allowed: a metarl run directory (it holds {CONFIG_FILE})")
     try:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except Exception as err:  # YAML or OmegaConf: anything unreadable is the same error here
-        raise ConfigError(f"{path}: unreadable ({type(err).__name__}); allowed: the {CONFIG_FILE} a run wrote") from None
+        raise ConfigError(f"{where}: unreadable ({type(err).__name__}); allowed: the {CONFIG_FILE} a run "
+                          "wrote") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a mapping; allowed: the {CONFIG_FILE} a run wrote")
+        raise ConfigError(f"{where}: not a mapping; allowed: the {CONFIG_FILE} a run wrote")
     return data
 
 

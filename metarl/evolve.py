@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from metarl import config as config_lib
-from metarl.cli import _read_saved, _refuse_search_change, check_existing, fail, missing_experiment, refuse_chdir
+from metarl.cli import _refuse_search_change, check_existing, fail, refuse_chdir
 from metarl.config import CONFIG_FILE, ConfigError
 from metarl.inner_loops import plugins
 from metarl.launch import die_with_launcher
@@ -23,6 +23,7 @@ SPECIAL_KEYS = ("experiment", "resume", "experiments_dir")
 CFG_TYPES = ("job", "hydra", "all")
 OPTIONS = "-m/--multirun, --cfg job|hydra|all, --package KEY, --resolve, --help, and KEY=VALUE"
 _FLAGS = {"-m": "multirun", "--multirun": "multirun", "-h": "help", "--help": "help", "--resolve": "resolve"}
+_VALUED = {"-c": "cfg", "--cfg": "cfg", "-p": "package", "--package": "package"}   # options with a value
 # Hydra's other command-line options, and what takes their place here.
 _INSTEAD = {"--config-name": "experiment=NAME", "-cn": "experiment=NAME", "--config-path": "experiments_dir=PATH",
             "-cp": "experiments_dir=PATH", "--config-dir": "experiments_dir=PATH", "-cd": "experiments_dir=PATH"}
@@ -46,57 +47,44 @@ class CommandLine:
 
 def parse_command_line(argv: list[str]) -> CommandLine:
     cli = CommandLine(argv=list(argv), args=[], special={}, overrides=[])
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
+    rest = iter(argv)
+    for arg in rest:
+        name, eq, value = arg.partition("=")
         if arg.startswith("-"):
-            name, eq, value = arg.partition("=")
+            option = _VALUED.get(name)
             if name in _FLAGS and not eq:
                 setattr(cli, _FLAGS[name], True)
-            elif name in ("-c", "--cfg", "-p", "--package"):
-                if not eq:
-                    if i == len(argv):
-                        fail(f"argument {name}: expected a value; allowed: "
-                             + ("--cfg job|hydra|all" if name in ("-c", "--cfg") else "--package KEY"))
-                    value = argv[i]
-                    i += 1
-                if name in ("-c", "--cfg"):
-                    if value not in CFG_TYPES:
-                        fail(f"argument --cfg: {value!r}; allowed: {', '.join(CFG_TYPES)}")
-                    cli.cfg = value
-                else:
-                    cli.package = value
+            elif option:
+                value = value if eq else next(rest, None)
+                if value is None:
+                    fail(f"argument {name}: expected a value; allowed: --{option} "
+                         + ("job|hydra|all" if option == "cfg" else "KEY"))
+                if option == "cfg" and value not in CFG_TYPES:
+                    fail(f"argument --cfg: {value!r}; allowed: {', '.join(CFG_TYPES)}")
+                setattr(cli, option, value)
             elif name in _INSTEAD:
                 fail(f"argument {name}: not an option of metarl.evolve; allowed: {_INSTEAD[name]}")
             else:
                 fail(f"argument {arg!r}: not an option of metarl.evolve; allowed: {OPTIONS}")
-            continue
-        if "=" not in arg or not arg.split("=", 1)[0].lstrip("+~"):
+        elif not eq or not name.lstrip("+~"):
             fail(f"argument {arg!r}: expected key=value with a key such as es.popsize=8 "
                  "(see `python -m metarl.evolve --help`)")
-        key, value = arg.split("=", 1)
-        cli.args.append(arg)
-        if key in SPECIAL_KEYS:
-            cli.special[key] = value
-        elif key == "hydra.mode":  # Hydra's other spelling of -m
+        elif name == "hydra.mode":  # Hydra's other spelling of -m
             if value not in ("RUN", "MULTIRUN"):
                 fail(f"hydra.mode: {value!r}; allowed: RUN, MULTIRUN (the same as -m)")
             cli.multirun = cli.multirun or value == "MULTIRUN"
-            cli.args.pop()
         else:
-            cli.overrides.append(arg)
-    try:
-        cli.experiments_dir = config_lib.check_experiments_dir(cli.special.get("experiments_dir"))
-    except ConfigError as err:
-        fail(str(err))
+            cli.args.append(arg)
+            if name in SPECIAL_KEYS:
+                cli.special[name] = value
+            else:
+                cli.overrides.append(arg)
+    cli.experiments_dir = config_lib.check_experiments_dir(cli.special.get("experiments_dir"))
     return cli
 
 
 def _compose(cli: CommandLine):
     """Hydra's composition of the command line's experiment and overrides, Hydra's section included."""
-    if "experiment" not in cli.special:
-        missing_experiment(cli.experiments_dir)
     with config_lib.hydra_context(cli.experiments_dir):
         return config_lib.compose(cli.special["experiment"], cli.overrides, cli.experiments_dir)
 
@@ -109,50 +97,36 @@ def resolve(cli: CommandLine):
     from omegaconf.errors import OmegaConfBaseException
 
     special, overrides = cli.special, cli.overrides
-    try:
-        if "resume" in special:
-            hydra_keys = [o for o in overrides if config_lib.is_hydra_override(o)]
-            if hydra_keys:
-                fail(f"{config_lib.override_key(hydra_keys[0])}: not used by a resume, which continues in its "
-                     "RUN_DIR with its saved config; allowed: the run's own settings")
-            config_lib.check_run_dir(special["resume"], "resume")
-            run_dir = Path(special["resume"])
-            if not (run_dir / CONFIG_FILE).exists():
-                fail(f"resume: {run_dir} holds no metarl run ({CONFIG_FILE} missing)")
-            saved = _read_saved(run_dir, "resume")
-            if "experiment" in special and special["experiment"] != saved.get("experiment"):
-                fail(f"experiment: {special['experiment']!r} differs from the run's {saved.get('experiment')!r}")
-            # Hydra's reading of each value, as on a first run, so a value means the same on a resume.
-            merged = OmegaConf.create(saved)
-            for override in config_lib.parse_overrides(overrides):
-                try:
-                    OmegaConf.update(merged, override.key_or_group, override.value(), merge=True)
-                except OmegaConfBaseException as err:
-                    fail(f"{override.key_or_group}: {str(err).splitlines()[0]}")
-            cfg = config_lib.from_dict({**OmegaConf.to_container(merged, resolve=True), "run_dir": str(run_dir)})
-            _refuse_search_change(saved, cfg, run_dir)
-            return cfg, run_dir, True, True
+    if "resume" in special:
+        hydra_keys = [o for o in overrides if config_lib.is_hydra_override(o)]
+        if hydra_keys:
+            fail(f"{config_lib.override_key(hydra_keys[0])}: not used by a resume, which continues in its "
+                 "RUN_DIR with its saved config; allowed: the run's own settings")
+        config_lib.check_run_dir(special["resume"], "resume")
+        run_dir = Path(special["resume"])
+        saved = config_lib.read_saved(run_dir, "resume")
+        if "experiment" in special and special["experiment"] != saved.get("experiment"):
+            fail(f"experiment: {special['experiment']!r} differs from the run's {saved.get('experiment')!r}")
+        # Hydra's reading of each value, as on a first run, so a value means the same on a resume.
+        merged = OmegaConf.create(saved)
+        for override in config_lib.parse_overrides(overrides):
+            try:
+                OmegaConf.update(merged, override.key_or_group, override.value(), merge=True)
+            except OmegaConfBaseException as err:
+                fail(f"{override.key_or_group}: {str(err).splitlines()[0]}")
+        cfg = config_lib.from_dict({**OmegaConf.to_container(merged, resolve=True), "run_dir": str(run_dir)})
+        _refuse_search_change(saved, cfg, run_dir)
+        return cfg, run_dir, True, True
 
-        composed = _compose(cli)
-        refuse_chdir(composed)
-        cfg = config_lib.from_composed(composed, cli.experiments_dir)
-        named = bool(cfg.run_dir) or any(config_lib.override_key(o) == "hydra.run.dir" for o in overrides)
-        run_dir = Path(cfg.run_dir or str(composed.hydra.run.dir))
-        if not named:
-            run_dir = unique_dir(run_dir)
-        cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-        return cfg, run_dir, check_existing(cfg, run_dir), named
-    except ConfigError as err:
-        fail(str(err))
-
-
-def run_one(cli: CommandLine) -> int:
-    cfg, run_dir, resuming, named = resolve(cli)
-    # The processes of a local launch compose the same config, in the same run directory.
-    child_args = cli.args if "resume" in cli.special else [*cli.args, f"run_dir={run_dir}"]
-    from metarl.job import execute  # loads JAX: bad input above is answered without it
-
-    return execute(cfg, run_dir, resuming, named, child_args)
+    composed = _compose(cli)
+    refuse_chdir(composed)
+    cfg = config_lib.from_composed(composed, cli.experiments_dir)
+    named = bool(cfg.run_dir) or any(config_lib.override_key(o) == "hydra.run.dir" for o in overrides)
+    run_dir = Path(cfg.run_dir or str(composed.hydra.run.dir))
+    if not named:
+        run_dir = unique_dir(run_dir)
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    return cfg, run_dir, check_existing(cfg, run_dir), named
 
 
 def show_config(cli: CommandLine) -> int:
@@ -167,11 +141,8 @@ def show_config(cli: CommandLine) -> int:
     if "resume" in cli.special:
         fail("--cfg: shows a config composed from an experiment; allowed: experiment=NAME (a run's own config "
              f"is RUN_DIR/{CONFIG_FILE})")
-    try:
-        composed = _compose(cli)
-        config_lib.from_composed(composed, cli.experiments_dir)  # the same checks as a run's
-    except ConfigError as err:
-        fail(str(err))
+    composed = _compose(cli)
+    config_lib.from_composed(composed, cli.experiments_dir)  # the same checks as a run's
     HydraConfig.instance().set_config(composed)  # for ${hydra:...} interpolations
     shown = {"all": composed, "job": OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"]),
              "hydra": OmegaConf.create({"hydra": OmegaConf.masked_copy(  # without its help texts, as Hydra shows it
@@ -201,15 +172,12 @@ def help_text(cli: CommandLine) -> str:
     from omegaconf import OmegaConf
 
     experiment, experiments_dir = cli.special.get("experiment"), cli.experiments_dir
-    try:
-        with config_lib.hydra_context(experiments_dir) as app:
-            # An experiment, or base.yaml itself (which is no experiment).
-            composed = (config_lib.compose(experiment, [], experiments_dir) if experiment
-                        else compose("base", config_lib.search_path(experiments_dir)))
-            options = {group: ", ".join(sorted(app.config_loader.get_group_options(f"hydra/{group}")))
-                       for group in ("launcher", "sweeper")}
-    except ConfigError as err:
-        fail(str(err))
+    with config_lib.hydra_context(experiments_dir) as app:
+        # An experiment, or base.yaml itself (which is no experiment).
+        composed = (config_lib.compose(experiment, [], experiments_dir) if experiment
+                    else compose("base", config_lib.hydra_args([], experiments_dir)))
+        options = {group: ", ".join(sorted(app.config_loader.get_group_options(f"hydra/{group}")))
+                   for group in ("launcher", "sweeper")}
     data = OmegaConf.to_container(composed, resolve=False)
     data.pop("hydra", None)
     lines = ["python -m metarl.evolve: evolve a part of an RL algorithm (a Hydra application).", "",
@@ -250,34 +218,42 @@ def _trainer_fields(inner: dict):
     target = inner.get(plugins.TARGET) or TRAINERS.get(inner.get("algo", "ppo"))
     try:
         cls = plugins.locate(target, "inner._target_")
-    except Exception:
-        return None
-    if not dataclasses.is_dataclass(cls):
+        fields = dataclasses.fields(cls)
+    except Exception:  # no such class, or no dataclass
         return None
     defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                for f in dataclasses.fields(cls) if f.name != "env"}
+                for f in fields if f.name != "env"}
     return cls.__name__, {k: list(v) if isinstance(v, tuple) else v for k, v in defaults.items()
                           if v is not dataclasses.MISSING}
 
 
 def main(argv: list[str] | None = None) -> int:
     die_with_launcher()  # a process of a local launch: ends with its parent, however that ends
-    argv = sys.argv[1:] if argv is None else argv
-    cli = parse_command_line(argv)
-    if cli.help:
-        print(help_text(cli))
-        return 0
-    if cli.resolve and not cli.cfg:
-        fail("--resolve: used with --cfg only; allowed: --cfg job|hydra|all --resolve")
-    if cli.package and not cli.cfg:
-        fail("--package: used with --cfg only; allowed: --cfg job|hydra|all --package KEY")
-    if cli.cfg:
-        return show_config(cli)
-    if cli.multirun:
-        from metarl import sweep  # loads JAX: bad input above is answered without it
+    try:
+        cli = parse_command_line(sys.argv[1:] if argv is None else argv)
+        if cli.help:
+            print(help_text(cli))
+            return 0
+        for option, usage in (("resolve", "--resolve"), ("package", "--package KEY")):
+            if getattr(cli, option) and not cli.cfg:
+                fail(f"--{option}: used with --cfg only; allowed: --cfg job|hydra|all {usage}")
+        if "experiment" not in cli.special and "resume" not in cli.special:
+            fail("experiment: missing; allowed: experiment="
+                 + "|".join(config_lib.available_experiments(cli.experiments_dir)) + " (or resume=RUN_DIR)")
+        if cli.cfg:
+            return show_config(cli)
+        if cli.multirun:
+            from metarl import sweep  # loads JAX: bad input above is answered without it
 
-        return sweep.run(cli)
-    return run_one(cli)
+            return sweep.run(cli)
+        cfg, run_dir, resuming, named = resolve(cli)
+        # The processes of a local launch compose the same config, in the same run directory.
+        child_args = cli.args if "resume" in cli.special else [*cli.args, f"run_dir={run_dir}"]
+        from metarl.job import execute  # loads JAX: bad input above is answered without it
+
+        return execute(cfg, run_dir, resuming, named, child_args)
+    except ConfigError as err:  # bad input: one line, exit code 2
+        fail(str(err))
 
 
 if __name__ == "__main__":

@@ -70,10 +70,8 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[st
         from metarl import runner
 
         before = _fingerprint(run_dir)
-        prepared = None
-        if not local_launch:
-            prepared = runner.prepare(cfg, run_dir, task=task)
-        elif (run_dir / "ckpt").is_dir():  # the children restore it; the parent only checks it can
+        prepared = None if local_launch else runner.prepare(cfg, run_dir, task=task)
+        if local_launch and (run_dir / "ckpt").is_dir():  # the children restore it; the parent only checks it can
             runner.prepare(cfg, run_dir, mesh=None, task=task)
     except (ConfigError, ValueError, CheckpointError) as err:
         fail(str(err).splitlines()[0])
@@ -99,7 +97,7 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[st
             elif _fingerprint(run_dir) != before:
                 # Another run wrote here between the checks and the lock (and has ended): check again.
                 try:
-                    resuming = check_existing(cfg, run_dir)
+                    check_existing(cfg, run_dir)
                     if not local_launch:
                         prepared = runner.prepare(cfg, run_dir, task=task)
                 except CheckpointError as err:

@@ -22,13 +22,13 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf, open_dict, read_write
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import config as config_lib
 from metarl import compilation, devices, runlock
 from metarl.checkpoints import atomic_write
-from metarl.cli import EXIT_BAD_INPUT, fail, missing_experiment, refuse_chdir
+from metarl.cli import EXIT_BAD_INPUT, fail, refuse_chdir
 from metarl.job import check_existing, check_run, execute
 from metarl.launch import STOP_SIGNALS, worst_code
 from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
@@ -47,17 +47,9 @@ _CHECKED: dict = {}
 
 
 class SweepStopped(BaseException):
-    """A job was stopped by a stop signal (SIGINT, SIGTERM, SIGHUP): no further job starts. A BaseException, so that Hydra's
-    launcher, which records a job's ordinary exceptions and goes on, lets it through."""
-
-    def __init__(self, code: int):
-        self.code = code
-        super().__init__(code)
-
-
-def user_form(override: str) -> str:
-    """An override as the user would write it: without the ``++`` that metarl adds for Hydra."""
-    return override[2:] if override.startswith("++") else override
+    """A job was stopped by a stop signal (SIGINT, SIGTERM, SIGHUP), its exit code the argument: no
+    further job starts. A BaseException, so that Hydra's launcher, which records a job's ordinary
+    exceptions and goes on, lets it through."""
 
 
 def job_run_dir(hydra_cfg) -> Path:
@@ -77,7 +69,7 @@ class SweepJob:
         hydra_cfg = HydraConfig.get()
         num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
         given = [str(o) for o in hydra_cfg.overrides.task]
-        overrides = [user_form(o) for o in given]
+        overrides = [o.removeprefix("++") for o in given]  # as the user wrote them
         record = Path(str(hydra_cfg.sweep.dir)) / JOBS_DIR / f"{num}.json"
         row = {"job": num, "overrides": " ".join(overrides), "exit_code": None, "run_dir": str(run_dir)}
         _write_json(record, row)  # a job killed outright stays in the summary, without an exit code
@@ -91,8 +83,7 @@ class SweepJob:
 
     def run(self, composed, run_dir: Path, given: list[str], overrides: list[str]) -> int:
         try:
-            cfg = config_lib.from_composed(composed, self.experiments_dir)
-            cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+            cfg = dataclasses.replace(config_lib.from_composed(composed, self.experiments_dir), run_dir=str(run_dir))
             cached = _CHECKED.get(tuple(given))
             task = cached[1] if cached is not None and cached[0] == cfg else None
             resuming = check_existing(cfg, run_dir)
@@ -125,11 +116,8 @@ def _results(run_dir: Path) -> dict:
 def write_summary(sweep_dir: Path) -> list[dict]:
     """``SWEEP_DIR/summary.csv`` and ``summary.json`` from the jobs' records and their runs' metrics."""
     records = sorted((sweep_dir / JOBS_DIR).glob("*.json"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
-    rows = []
-    for path in records:
-        job = json.loads(path.read_text())
-        rows.append({**job, **_results(Path(job["run_dir"]))})
-    rows = [{k: row.get(k) for k in COLUMNS} for row in rows]
+    jobs = [json.loads(path.read_text()) for path in records]
+    rows = [{k: row.get(k) for k in COLUMNS} for row in ({**job, **_results(Path(job["run_dir"]))} for job in jobs)]
     _write_json(sweep_dir / SUMMARY_JSON, rows)
     table = io.StringIO(newline="")
     writer = csv.DictWriter(table, fieldnames=COLUMNS)
@@ -162,13 +150,11 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
     shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
     seen, checked_cfgs = {}, []
     for num, job in enumerate(jobs):
-        swept = " ".join(user_form(o) for o in job if o not in shared)
+        swept = " ".join(o.removeprefix("++") for o in job if o not in shared)
         where = (f" (sweep job {num}" + (f": {swept})" if swept else ")")) if known else " (the sweep's settings)"
         try:
             job_cfg = app.config_loader.load_sweep_config(master, list(job))
-            with open_dict(job_cfg):
-                job_cfg.hydra.job.num = num
-                job_cfg.hydra.job.id = num
+            OmegaConf.update(job_cfg, "hydra.job", {"num": num, "id": num}, force_add=True)  # as Hydra's launcher
             HydraConfig.instance().set_config(job_cfg)
             run_dir = job_run_dir(job_cfg.hydra)
             if run_dir in seen:
@@ -213,16 +199,12 @@ def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]
 
 
 def log_mlflow_summary(parent: MlflowRun, sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
-    """The summary on the sweep's MLflow run: the best job's best fitness (``best``), its number
-    (``best_job``) and last mean fitness (``best_job_last_mean``), its overrides (tag ``best_overrides``),
-    and ``summary.csv`` / ``summary.json`` as files."""
+    """The summary on the sweep's MLflow run (docs/tracking.md), which then ends."""
     scored = [r for r in rows if r["best"] is not None and math.isfinite(r["best"])]
     if scored:
         best = max(scored, key=lambda r: r["best"])
-        values = {"best": best["best"], "best_job": best["job"]}
-        if best["last_mean"] is not None:
-            values["best_job_last_mean"] = best["last_mean"]
-        parent.log_metrics(values, step=0)
+        values = {"best": best["best"], "best_job": best["job"], "best_job_last_mean": best["last_mean"]}
+        parent.log_metrics({k: v for k, v in values.items() if v is not None}, step=0)
         parent.set_tags({"best_overrides": best["overrides"]})
     parent.log_files([sweep_dir / SUMMARY_CSV, sweep_dir / SUMMARY_JSON], None)
     failed = any(r["exit_code"] != 0 for r in rows)
@@ -232,47 +214,37 @@ def log_mlflow_summary(parent: MlflowRun, sweep_dir: Path, rows: list[dict], sto
 def run(cli) -> int:
     """The sweep of ``cli`` (``metarl.evolve.CommandLine``, given with ``-m``): checks, then Hydra's sweeper,
     then the summary."""
-    special, overrides = cli.special, list(cli.overrides)
+    special, experiments_dir = cli.special, cli.experiments_dir
     if "resume" in special:
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
              "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
-    if "experiment" not in special:
-        missing_experiment(cli.experiments_dir)
-    experiment, experiments_dir = special["experiment"], cli.experiments_dir
     for key in ("experiment", "experiments_dir"):
         if "," in special.get(key, ""):
             fail(f"{key}: {special[key]!r} lists several; allowed: one per sweep (a sweep composes one "
                  "experiment; run one sweep for each)")
-    # run_dir=PATH names the sweep's directory (Hydra's hydra.sweep.dir; run_dir wins).
-    named = [o for o in overrides if config_lib.override_key(o) in ("run_dir", "hydra.sweep.dir")]
-    run_dirs = [o.split("=", 1)[1] for o in named if config_lib.override_key(o) == "run_dir"]
-    if run_dirs:
-        if "," in run_dirs[-1]:
-            fail(f"run_dir: {run_dirs[-1]!r} cannot be swept; allowed: one directory for the sweep (each job "
-                 "runs in a directory of its own inside it)")
-        overrides = [o for o in overrides if o not in named] + [f"hydra.sweep.dir={run_dirs[-1]}"]
-
+    # run_dir=PATH names the sweep's directory: Hydra's hydra.sweep.dir, set after any given (the last wins).
+    run_dirs = [o.split("=", 1)[1] for o in cli.overrides if config_lib.override_key(o) == "run_dir"]
+    if run_dirs and "," in run_dirs[-1]:
+        fail(f"run_dir: {run_dirs[-1]!r} cannot be swept; allowed: one directory for the sweep (each job "
+             "runs in a directory of its own inside it)")
+    named = bool(run_dirs) or any(config_lib.override_key(o) == "hydra.sweep.dir" for o in cli.overrides)
+    overrides = [o for o in cli.overrides if config_lib.override_key(o) != "run_dir"]
     with config_lib.hydra_context(experiments_dir) as app:
-        return _run(cli, app, experiment, experiments_dir, overrides, bool(named))
+        return _run(cli, app, [*overrides, *(f"hydra.sweep.dir={d}" for d in run_dirs[-1:])], named)
 
 
-def _run(cli, app, experiment: str, experiments_dir: Optional[str], overrides: list[str],
-         named: bool) -> int:
-    try:
-        master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True)
-        refuse_chdir(master)
-        sweep_dir = Path(str(master.hydra.sweep.dir))
-        if not named:  # the default name, made unique (two sweeps started in the same second)
-            sweep_dir = runlock.unique_dir(sweep_dir)
-        # Set explicitly, so that every later composition (Hydra's own, a job's) names the same one.
-        overrides = [o for o in overrides if config_lib.override_key(o) != "hydra.sweep.dir"]
-        overrides.append(f"hydra.sweep.dir={sweep_dir}")
-        with read_write(master):
-            master.hydra.sweep.dir = str(sweep_dir)
-            master.hydra.overrides.hydra.append(f"hydra.sweep.dir={sweep_dir}")
-        config_lib.check_run_dir(str(sweep_dir), "run_dir")
-    except config_lib.ConfigError as err:
-        fail(str(err))
+def _run(cli, app, overrides: list[str], named: bool) -> int:
+    experiment, experiments_dir = cli.special["experiment"], cli.experiments_dir
+    master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True)
+    refuse_chdir(master)
+    sweep_dir = Path(str(master.hydra.sweep.dir))
+    if not named:  # the default name, made unique (two sweeps started in the same second)
+        sweep_dir = runlock.unique_dir(sweep_dir)
+    # Set explicitly, so that every later composition (Hydra's own, a job's) names the same one.
+    overrides = [o for o in overrides if config_lib.override_key(o) != "hydra.sweep.dir"]
+    overrides.append(f"hydra.sweep.dir={sweep_dir}")
+    master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True)
+    config_lib.check_run_dir(str(sweep_dir), "run_dir")
     if (sweep_dir / config_lib.CONFIG_FILE).exists():
         fail(f"run_dir: {sweep_dir} holds a run, not a sweep; allowed: a new directory, or an earlier sweep's")
     jobs, known = _jobs(master)
@@ -294,14 +266,14 @@ def _run(cli, app, experiment: str, experiments_dir: Optional[str], overrides: l
         os.environ[PARENT_RUN_ENV] = parent.run_id
     try:
         app.multirun(config_name=experiment, task_function=SweepJob(experiment, experiments_dir),
-                     overrides=[*config_lib.hydra_overrides(overrides), *config_lib.search_path(experiments_dir)],
+                     overrides=config_lib.hydra_args(overrides, experiments_dir),
                      with_log_configuration=False)
     except SweepStopped as stop:
-        stopped = stop.code
+        stopped = stop.args[0]
     except KeyboardInterrupt:
         stopped = STOPPED[0]
     except Exception as err:  # the launcher or sweeper itself failed (a job's own failure is its exit code)
-        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        message = (str(err).strip().splitlines() or [""])[0]
         print(f"error: hydra/launcher: {type(err).__name__}: {message}", file=sys.stderr, flush=True)
         return 1
     finally:
@@ -311,13 +283,12 @@ def _run(cli, app, experiment: str, experiments_dir: Optional[str], overrides: l
             os.environ.pop(PARENT_RUN_ENV, None)
             if outer_parent is not None:
                 os.environ[PARENT_RUN_ENV] = outer_parent
-    codes = [r["exit_code"] for r in rows]
-    failed = [r for r in rows if r["exit_code"] != 0]
-    print(f"\nsweep {'stopped' if stopped else 'done'}: {len(rows)} job(s), {len(failed)} failed or unfinished; "
+    failed = sum(r["exit_code"] != 0 for r in rows)
+    print(f"\nsweep {'stopped' if stopped else 'done'}: {len(rows)} job(s), {failed} failed or unfinished; "
           f"summary in {sweep_dir / SUMMARY_CSV}", flush=True)
     if stopped:
         again = [a for a in cli.argv if config_lib.override_key(a) not in ("run_dir", "hydra.sweep.dir")]
         print(f"continue with: python -m metarl.evolve {' '.join(again)} run_dir={sweep_dir}", file=sys.stderr,
               flush=True)
         return stopped
-    return worst_code([c if isinstance(c, int) else 1 for c in codes] or [0])
+    return worst_code([r["exit_code"] if isinstance(r["exit_code"], int) else 1 for r in rows] or [0])
