@@ -172,10 +172,9 @@ def help_text(cli: CommandLine) -> str:
     from omegaconf import OmegaConf
 
     experiment, experiments_dir = cli.special.get("experiment"), cli.experiments_dir
-    with config_lib.hydra_context(experiments_dir) as app:
-        # An experiment, or base.yaml itself (which is no experiment).
-        composed = (config_lib.compose(experiment, [], experiments_dir) if experiment
-                    else compose("base", config_lib.hydra_args([], experiments_dir)))
+    # An experiment, or the shipped base.yaml itself (which is no experiment).
+    with config_lib.hydra_context(experiments_dir if experiment else None) as app:
+        composed = config_lib.compose(experiment, [], experiments_dir) if experiment else compose("base")
         options = {group: ", ".join(sorted(app.config_loader.get_group_options(f"hydra/{group}")))
                    for group in ("launcher", "sweeper")}
     data = OmegaConf.to_container(composed, resolve=False)

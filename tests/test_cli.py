@@ -147,6 +147,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, field):
 
 
 def test_help_exits_0():
-    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", "--help"], env=env_vars(),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "experiment=" in proc.stdout
+    # With a folder of the user's own experiments too: the keys listed are still the shipped base.yaml's.
+    for extra in ([], [f"experiments_dir={REPO / 'examples' / 'experiments'}"]):
+        proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *extra, "--help"], env=env_vars(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "experiment=" in proc.stdout and "  es.popsize=" in proc.stdout, proc.stderr
