@@ -9,7 +9,7 @@ import pytest
 from clihelp import TINY, evolve, final_state, records, start_and_kill_after
 
 from metarl import scores
-from metarl.outer_loops import fitness
+from metarl.outer_loops.fitness import degenerate, make_aggregate, normalize
 from metarl.config import ConfigError, available_experiments, load
 from metarl.outer_loops.evolution import ESConfig, Evolution
 from metarl.tasks import build_task, task_specs
@@ -20,15 +20,15 @@ TWO_TASKS = "tasks=[CartPole-v1,{env: CartPole-v1, inner: {total_timesteps: 1310
 def test_normalisation_maps_the_baseline_to_one_and_random_play_to_zero():
     reference = {"tasks": ["a", "b", "c"], "base": [500.0, -80.0, 1.0], "low": [20.0, -500.0, -1.0]}
     raw = jnp.array([[500.0, -80.0, 1.0], [20.0, -500.0, -1.0], [260.0, -290.0, 0.0]])
-    np.testing.assert_array_equal(np.asarray(fitness.normalize(raw, reference)),
+    np.testing.assert_array_equal(np.asarray(normalize(raw, reference)),
                                   [[1, 1, 1], [0, 0, 0], [0.5, 0.5, 0.5]])
-    total, per_task = fitness.make_aggregate(reference, "min")(raw)
+    total, per_task = make_aggregate(reference, "min")(raw)
     np.testing.assert_array_equal(np.asarray(total), [1, 0, 0.5])
     assert per_task.shape == (3, 3)
     # A baseline no better than random: the score still rises with the return.
     flat = {"tasks": ["x"], "base": [10.0], "low": [22.0]}
-    assert fitness.degenerate(flat) == ["x"]
-    low, high = np.asarray(fitness.normalize(jnp.array([[10.0], [30.0]]), flat))[:, 0]
+    assert degenerate(flat) == ["x"]
+    low, high = np.asarray(normalize(jnp.array([[10.0], [30.0]]), flat))[:, 0]
     assert high > low
 
 
@@ -38,7 +38,7 @@ def test_a_reference_without_intervals_still_reads():
     assert scores.describe(old) == "a baseline 500.00, random 20.00 (over 2 seeds)"
     new = {**old, "base_ci": [[488.0, 512.0]], "low_ci": [[19.0, 21.0]]}
     assert scores.describe(new) == "a baseline 500.00 [488.00, 512.00] (+-2.5% of the gap), random 20.00 (over 2 seeds)"
-    np.testing.assert_array_equal(fitness.normalize(np.array([[260.0]]), old), [[0.5]])
+    np.testing.assert_array_equal(normalize(np.array([[260.0]]), old), [[0.5]])
     with pytest.raises(ConfigError, match="^fitness.reference_seeds: 1; allowed: an integer >= 2"):
         load("value_loss", ["fitness.reference_seeds=1"])
 
@@ -54,7 +54,7 @@ def test_reference_intervals_shrink_with_seeds_and_each_task_trains_from_the_mem
     for name in ("base", "low"):
         (lo3, hi3), (lo24, hi24) = few[name + "_ci"][0], many[name + "_ci"][0]
         assert lo3 <= few[name][0] <= hi3 and 0 < hi24 - lo24 < hi3 - lo3
-    # Task i's baseline trains from fitness.task_key(key, i), as the control (and a member) does.
+    # Task i's baseline trains from outer_loops.fitness.task_key(key, i), as the control (and a member) does.
     keys = jax.random.split(jax.random.fold_in(jax.random.key(3), scores._BASE_STREAM), 3)
     control = np.asarray(jax.jit(jax.vmap(task.control_fn))(keys))
     np.testing.assert_allclose(few["base"], control.mean(axis=0), rtol=1e-5)
@@ -88,7 +88,7 @@ def test_several_tasks_trace_the_generation_once():
         return jnp.stack([-jnp.sum((params["x"] - 1.0) ** 2), -jnp.sum((params["x"] + 1.0) ** 2)])
 
     evo = Evolution(ESConfig(popsize=8), {"x": jnp.zeros(3)}, fitness, num_seeds=2,
-                    aggregate=fitness.make_aggregate(None, "mean"))
+                    aggregate=make_aggregate(None, "mean"))
     state = evo.init(jax.random.key(0))
     for _ in range(3):
         state, stats = evo.step(state)
