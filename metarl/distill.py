@@ -18,7 +18,6 @@ import time
 import warnings
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -48,7 +47,6 @@ CENTRES = {"ratio": 1}
 class Problem:
     """The learned function of one run, seen as a function of named inputs."""
 
-    kind: Any              # the run's entry of metarl.kinds
     inputs: tuple          # every input the formula component takes (components.VALUE_LOSS_INPUTS / DRIFT_INPUTS)
     variables: tuple       # those the formulas are fitted over, in the columns' order
     fitted: str            # what is fitted, in words
@@ -67,11 +65,11 @@ def problem_for(task) -> Problem:
         # The shipped MLP names its inputs; a component of your own is read over the error (as inspect draws it).
         own = tuple(getattr(comp, "inputs", ("error",)))
         variables = tuple(n for n in VALUE_LOSS_INPUTS if n in own or (temporal and n in TEMPORAL_INPUTS))
-        return Problem(task.kind, VALUE_LOSS_INPUTS, variables, "the value loss")
+        return Problem(VALUE_LOSS_INPUTS, variables, "the value loss")
     ppo_init = hasattr(comp, "learned_part") and bool(comp.ppo_init)
     fitted = ("the drift's learned part f in relu(f" + (" + PPO's drift)" if ppo_init else ")")
               if hasattr(comp, "learned_part") else "the drift r A - objective")
-    return Problem(task.kind, DRIFT_INPUTS, ("ratio", "advantage") + (TEMPORAL_INPUTS if temporal else ()), fitted,
+    return Problem(DRIFT_INPUTS, ("ratio", "advantage") + (TEMPORAL_INPUTS if temporal else ()), fitted,
                    {"ppo_init": ppo_init})
 
 
@@ -112,7 +110,7 @@ class _Recording:
         return apply_component(self.inner, progress, meta_params, *args)
 
 
-def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
+def visited_inputs(task, meta, seed: int) -> dict:
     """Each input's values at the seam over one training per task with the learned component:
     {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
     import jax
@@ -135,7 +133,7 @@ def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
         args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind.seam: meta})
         jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
-    value_loss = problem.kind is kinds.VALUE_LOSS
+    value_loss = task.kind is kinds.VALUE_LOSS
     # The recorded columns: the component's arrays, then the progress of a temporal one.
     named = dict(zip((("value", "old_value", "target") if value_loss else ("ratio", "advantage")) + TEMPORAL_INPUTS,
                      np.concatenate(rows).T))
@@ -164,13 +162,8 @@ def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> t
     for name, (low, high) in ranges.items():
         inside &= (visited[name] >= low) & (visited[name] <= high)
     rows = rng.choice(np.flatnonzero(inside), samples // 2)
-    points = {}
-    for name in problem.inputs:
-        if name in ranges:
-            uniform = rng.uniform(*ranges[name], samples - len(rows))
-            points[name] = np.concatenate([visited[name][rows], uniform])
-        else:
-            points[name] = np.full(samples, problem.fixed.get(name, 0.0))
+    points = {name: np.concatenate([visited[name][rows], rng.uniform(*ranges[name], samples - len(rows))])
+              if name in ranges else np.full(samples, problem.fixed.get(name, 0.0)) for name in problem.inputs}
     return points, ranges
 
 
@@ -208,7 +201,7 @@ def readable(text: str, variables: tuple, scale: float):
     forms = [_rounded(f, scale) for f in forms]
     inputs = {c: sympy.Symbol(n, real=True) - CENTRES.get(n, 0) for c, n in zip(columns, variables)}
     # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
-    with sympy.evaluate(False) if any(n in CENTRES for n in variables) else contextlib.nullcontext():
+    with sympy.evaluate(not any(n in CENTRES for n in variables)):
         forms = [f.xreplace(inputs) for f in forms]
     return min(forms, key=size)
 
@@ -234,11 +227,10 @@ def size(expr) -> int:
 
 def pareto_front(candidates: list[dict]) -> list[dict]:
     """The candidates no other is at least as small and as accurate as (strictly one of them), by size."""
-    front, best = [], float("inf")
+    front = []
     for c in sorted(candidates, key=lambda c: (c["size"], c["nmse"])):
-        if c["nmse"] < best:
+        if not front or c["nmse"] < front[-1]["nmse"]:
             front.append(c)
-            best = c["nmse"]
     return front
 
 
@@ -263,7 +255,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
 
     t = time.perf_counter()
     problem = problem_for(task)
-    visited = visited_inputs(task, meta, problem, seed)
+    visited = visited_inputs(task, meta, seed)
     recorded_s = time.perf_counter() - t
     points, ranges = sample_points(visited, problem, samples, seed)
     inputs = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
@@ -283,7 +275,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     # Each with the config of its formula component (component.*): kind, _target_ and its arguments.
     candidates = [{"size": size(expr), **score(problem, expression, points, y), "expression": expression,
                    "latex": sympy.latex(expr, symbol_names={v: LATEX_NAMES[v.name] for v in expr.free_symbols}),
-                   "component": {"kind": problem.kind.name, "_target_": problem.kind.formula,
+                   "component": {"kind": task.kind.name, "_target_": task.kind.formula,
                                  "expression": expression, **problem.component_args}}
                   for expression, expr in exprs.items()]
     front = pareto_front([c for c in candidates if np.isfinite(c["nmse"])])
@@ -361,7 +353,7 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS
 
     config, grid = task.inner_config, 201
-    value_loss = problem.kind is kinds.VALUE_LOSS
+    value_loss = task.kind is kinds.VALUE_LOSS
     x_name = "error" if value_loss else "ratio"
     x = np.linspace(*report["ranges"][x_name], grid)
     zero = int(np.argmin(np.abs(x)))
@@ -372,18 +364,18 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     sides = [("learned", task.component, meta, "learned")]
     sides += [(f"formula {e['k']} (size {e['size']}, NMSE {e['nmse']:.2g})"
                + (f": {plots.math_label(e['latex'])}" if plots.math_label(e["latex"]) else ""),
-               problem.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
+               task.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
               for e in (front[k] for k in sorted({0, report["suggested"], len(front) - 1}))]
     sides.append(("L2: 0.5 δ²", L2_VALUE_LOSS, {}, "baseline") if value_loss else
                  (f"PPO (clip_eps={float(config.clip_eps):g})", CLIPPED_SURROGATE, {}, "baseline"))
 
     def values(comp, m, pts):
         """``(value, gradient w.r.t. the prediction or None)`` of one side."""
-        y = function_at(problem.kind, comp, m, pts, config)
+        y = function_at(task.kind, comp, m, pts, config)
         if not value_loss:
             return y, None
         # elementwise: each sample's own gradient (the prediction moves with the error)
-        return y, jax.grad(lambda e: function_at(problem.kind, comp, m, {**pts, "error": e}, config).sum())(
+        return y, jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())(
             pts["error"])
 
     fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]
