@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 import time
 import warnings
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -47,12 +47,11 @@ CENTRES = {"ratio": 1}
 class Problem:
     """The learned function of one run, seen as a function of named inputs."""
 
-    kind: Any              # the run's entry of metarl.kinds
     inputs: tuple          # every input the formula component takes (components.VALUE_LOSS_INPUTS / DRIFT_INPUTS)
     variables: tuple       # those the formulas are fitted over, in the columns' order
-    fixed: dict            # inputs held at one value: {name: value}
     fitted: str            # what is fitted, in words
-    component_args: dict   # further constructor arguments of the formula component (ppo_init)
+    component_args: dict = dataclasses.field(default_factory=dict)  # further arguments of the formula component
+    fixed: dict = dataclasses.field(default_factory=dict)           # inputs held at one value: {name: value}
 
 
 def problem_for(task) -> Problem:
@@ -66,18 +65,17 @@ def problem_for(task) -> Problem:
         # The shipped MLP names its inputs; a component of your own is read over the error (as inspect draws it).
         own = tuple(getattr(comp, "inputs", ("error",)))
         variables = tuple(n for n in VALUE_LOSS_INPUTS if n in own or (temporal and n in TEMPORAL_INPUTS))
-        return Problem(task.kind, VALUE_LOSS_INPUTS, variables, {}, "the value loss", {})
-    variables = ("ratio", "advantage") + (TEMPORAL_INPUTS if temporal else ())
-    if hasattr(comp, "learned_part"):
-        return Problem(task.kind, DRIFT_INPUTS, variables, {},
-                       "the drift's learned part f in relu(f" + (" + PPO's drift)" if comp.ppo_init else ")"),
-                       {"ppo_init": bool(comp.ppo_init)})
-    return Problem(task.kind, DRIFT_INPUTS, variables, {}, "the drift r A - objective", {"ppo_init": False})
+        return Problem(VALUE_LOSS_INPUTS, variables, "the value loss")
+    ppo_init = hasattr(comp, "learned_part") and bool(comp.ppo_init)
+    fitted = ("the drift's learned part f in relu(f" + (" + PPO's drift)" if ppo_init else ")")
+              if hasattr(comp, "learned_part") else "the drift r A - objective")
+    return Problem(DRIFT_INPUTS, ("ratio", "advantage") + (TEMPORAL_INPUTS if temporal else ()), fitted,
+                   {"ppo_init": ppo_init})
 
 
-def function_at(kind, comp, meta, points: dict, config):
+def function_at(kind, comp, meta, points: dict, config, learned_part: bool = False):
     """What a formula stands for, at ``points`` ({input: array}): a value loss's loss, else the drift
-    r A - objective."""
+    r A - objective, or with ``learned_part`` LPO's learned part where the drift has one (what is fitted)."""
     from metarl import kinds
     from metarl.inner_loops.components import Progress, apply_component
 
@@ -87,29 +85,9 @@ def function_at(kind, comp, meta, points: dict, config):
         return apply_component(comp, progress, meta, target + points["error"], target + points["old_error"], target,
                                config)
     r, a = points["ratio"], points["advantage"]
+    if learned_part and hasattr(comp, "learned_part"):
+        return comp.learned_part(meta, r, a, progress)
     return r * a - apply_component(comp, progress, meta, r, a, config)
-
-
-def learned_values(task, meta, points: dict) -> np.ndarray:
-    """The function a formula is fitted to, at ``points`` ({input: array}, every input of the kind):
-    LPO's learned part, else ``function_at``."""
-    import jax.numpy as jnp
-
-    from metarl import kinds
-    from metarl.inner_loops.components import Progress
-
-    comp = task.component
-    p = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
-    if task.kind is not kinds.VALUE_LOSS and hasattr(comp, "learned_part"):
-        progress = Progress(p["progress"], p["log_updates"]) if comp.temporal else None
-        return np.asarray(comp.learned_part(meta, p["ratio"], p["advantage"], progress))
-    return np.asarray(function_at(task.kind, comp, meta, p, task.inner_config))
-
-
-def formula_spec(problem: Problem, expression: str) -> dict:
-    """The config of the formula component (``component.*``): kind, _target_ and its arguments."""
-    return {"kind": problem.kind.name, "_target_": problem.kind.formula, "expression": expression,
-            **problem.component_args}
 
 
 # --- the range training visits ---------------------------------------------------------------------------
@@ -118,14 +96,8 @@ class _Recording:
     """The learned component unchanged, reporting the arrays it is applied to (and the progress) to ``sink``."""
 
     def __init__(self, inner, sink):
-        self.inner, self.sink = inner, sink
-
-    @property
-    def temporal(self) -> bool:
-        return getattr(self.inner, "temporal", False)
-
-    def init(self, key):
-        return self.inner.init(key)
+        self.inner, self.sink, self.init = inner, sink, inner.init
+        self.temporal = getattr(inner, "temporal", False)
 
     def apply(self, meta_params, *args, progress=None):
         import jax
@@ -138,12 +110,13 @@ class _Recording:
         return apply_component(self.inner, progress, meta_params, *args)
 
 
-def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
+def visited_inputs(task, meta, seed: int) -> dict:
     """Each input's values at the seam over one training per task with the learned component:
     {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
     import jax
 
-    from metarl import kinds
+    from metarl import compilation, kinds
+    from metarl.inner_loops.components import TEMPORAL_INPUTS
 
     rows = []
 
@@ -154,24 +127,19 @@ def visited_inputs(task, meta, problem: Problem, seed: int) -> dict:
         cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
         rows.append(np.stack(cols, axis=1))
 
-    from metarl import compilation
-
     recorder = _Recording(task.component, sink)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
         args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind.seam: meta})
         jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
-    table = np.concatenate(rows)
-    if problem.kind is kinds.VALUE_LOSS:
-        value, old_value, target = table[:, 0], table[:, 1], table[:, 2]
-        named = {"error": value - target, "target": target, "old_error": old_value - target}
-        rest = table[:, 3:]
-    else:
-        named = {"ratio": table[:, 0], "advantage": table[:, 1]}
-        rest = table[:, 2:]
-    if rest.shape[1]:
-        named.update(progress=rest[:, 0], log_updates=rest[:, 1])
+    value_loss = task.kind is kinds.VALUE_LOSS
+    # The recorded columns: the component's arrays, then the progress of a temporal one.
+    named = dict(zip((("value", "old_value", "target") if value_loss else ("ratio", "advantage")) + TEMPORAL_INPUTS,
+                     np.concatenate(rows).T))
+    if value_loss:
+        target = named["target"]
+        named["error"], named["old_error"] = named.pop("value") - target, named.pop("old_value") - target
     return named
 
 
@@ -194,13 +162,8 @@ def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> t
     for name, (low, high) in ranges.items():
         inside &= (visited[name] >= low) & (visited[name] <= high)
     rows = rng.choice(np.flatnonzero(inside), samples // 2)
-    points = {}
-    for name in problem.inputs:
-        if name in ranges:
-            uniform = rng.uniform(*ranges[name], samples - len(rows))
-            points[name] = np.concatenate([visited[name][rows], uniform])
-        else:
-            points[name] = np.full(samples, problem.fixed.get(name, 0.0))
+    points = {name: np.concatenate([visited[name][rows], rng.uniform(*ranges[name], samples - len(rows))])
+              if name in ranges else np.full(samples, problem.fixed.get(name, 0.0)) for name in problem.inputs}
     return points, ranges
 
 
@@ -238,7 +201,7 @@ def readable(text: str, variables: tuple, scale: float):
     forms = [_rounded(f, scale) for f in forms]
     inputs = {c: sympy.Symbol(n, real=True) - CENTRES.get(n, 0) for c, n in zip(columns, variables)}
     # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
-    with sympy.evaluate(False) if any(n in CENTRES for n in variables) else contextlib.nullcontext():
+    with sympy.evaluate(not any(n in CENTRES for n in variables)):
         forms = [f.xreplace(inputs) for f in forms]
     return min(forms, key=size)
 
@@ -264,11 +227,10 @@ def size(expr) -> int:
 
 def pareto_front(candidates: list[dict]) -> list[dict]:
     """The candidates no other is at least as small and as accurate as (strictly one of them), by size."""
-    front, best = [], float("inf")
+    front = []
     for c in sorted(candidates, key=lambda c: (c["size"], c["nmse"])):
-        if c["nmse"] < best:
+        if not front or c["nmse"] < front[-1]["nmse"]:
             front.append(c)
-            best = c["nmse"]
     return front
 
 
@@ -288,14 +250,16 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     """Formulas for ``task``'s learned component with ``meta``: ``(report, problem, visited)``, the
     report holding the front (entries with size, nmse, expression, latex and the formula's component
     config). A learned function that is not finite where training visits raises ValueError."""
+    import jax.numpy as jnp
     import sympy
 
     t = time.perf_counter()
     problem = problem_for(task)
-    visited = visited_inputs(task, meta, problem, seed)
+    visited = visited_inputs(task, meta, seed)
     recorded_s = time.perf_counter() - t
     points, ranges = sample_points(visited, problem, samples, seed)
-    y = learned_values(task, meta, points)
+    inputs = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
+    y = np.asarray(function_at(task.kind, task.component, meta, inputs, task.inner_config, learned_part=True))
     if not np.all(np.isfinite(y)):
         raise ValueError(f"the learned {task.kind} is not finite where training visits; nothing to fit")
     X = np.stack([points[n] - CENTRES.get(n, 0) for n in problem.variables], axis=1)
@@ -304,20 +268,19 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     found = search(X, y, max_size, evaluations, seed)
     search_s = time.perf_counter() - t
     scale = float(np.std(y)) or 1.0
-    candidates, seen = [], set()
+    exprs = {}  # by their text: the first of those that read the same
     for text in found:
         expr = readable(text, problem.variables, scale)
-        expression = sympy.sstr(expr, full_prec=False)
-        if expression in seen:
-            continue
-        seen.add(expression)
-        latex = sympy.latex(expr, symbol_names={v: LATEX_NAMES[v.name] for v in expr.free_symbols})
-        candidates.append({"size": size(expr), **score(problem, expression, points, y), "expression": expression,
-                           "latex": latex, "component": formula_spec(problem, expression)})
+        exprs.setdefault(sympy.sstr(expr, full_prec=False), expr)
+    # Each with the config of its formula component (component.*): kind, _target_ and its arguments.
+    candidates = [{"size": size(expr), **score(problem, expression, points, y), "expression": expression,
+                   "latex": sympy.latex(expr, symbol_names={v: LATEX_NAMES[v.name] for v in expr.free_symbols}),
+                   "component": {"kind": task.kind.name, "_target_": task.kind.formula,
+                                 "expression": expression, **problem.component_args}}
+                  for expression, expr in exprs.items()]
     front = pareto_front([c for c in candidates if np.isfinite(c["nmse"])])
     for k, entry in enumerate(front):
         entry["k"] = k
-    good = [e["k"] for e in front if e["nmse"] <= SUGGESTED_NMSE]
     report = {
         "kind": task.kind.name, "component": type(task.component).__name__, "fitted": problem.fitted,
         "variables": list(problem.variables), "fixed": problem.fixed, "ranges": ranges,
@@ -325,7 +288,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
         "search": {"library": f"pyoperon {version('pyoperon')}", "operators": OPERATORS, "max_size": max_size,
                    "evaluations": evaluations, "seed": seed, "seconds": round(search_s, 2)},
         "recording_seconds": round(recorded_s, 2),
-        "suggested": good[0] if good else front[-1]["k"],
+        "suggested": next((e["k"] for e in front if e["nmse"] <= SUGGESTED_NMSE), front[-1]["k"]),
         "suggested_rule": f"the smallest formula with NMSE <= {SUGGESTED_NMSE}", "front": front,
     }
     return report, problem, visited
@@ -333,24 +296,36 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
 
 def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: int = 0,
             evaluations: int = 200_000, samples: int = 2000) -> dict:
-    """Fit formulas to the run's learned component; returns (and writes) the report."""
-    from metarl import plots, results
-    from metarl.checkpoints import CheckpointError
+    """Fit formulas to the run's learned component (the exported best, or the best found up to a kept
+    checkpoint's ``generation``); returns (and writes) the report."""
+    import jax
+
+    from metarl import checkpoints, plots, results
     from metarl.config import ConfigError
+    from metarl.kinds import KINDS
+    from metarl.scores import build_evolution
 
     run_dir = Path(run_dir)
     t = time.perf_counter()
     try:
         cfg, task = results.load_run(run_dir)
-    except (CheckpointError, ConfigError) as err:
+        if task.kind.formula is None:
+            fail(f"component.kind: {task.kind} in {run_dir}; allowed: "
+                 f"{' or '.join(name for name, kind in KINDS.items() if kind.formula)} "
+                 "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
+        if generation == "best":
+            meta, info = checkpoints.read_best(run_dir, task.template)
+        else:
+            with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as ckpt:
+                steps = sorted(ckpt.manager.all_steps())
+                if generation not in steps:
+                    fail(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
+                         + "".join(f", {s}" for s in steps))
+                _, evo = build_evolution(cfg, task=task, mesh=None)
+                state, _ = ckpt.restore(evo.init(jax.random.key(cfg.seed)), generation)
+            meta, info = state.best_params, {"generation": generation, "fitness": float(state.best_fitness)}
+    except (checkpoints.CheckpointError, ConfigError) as err:
         fail(str(err))
-    if task.kind.formula is None:
-        from metarl.kinds import KINDS
-
-        fail(f"component.kind: {task.kind} in {run_dir}; allowed: "
-             f"{' or '.join(name for name, kind in KINDS.items() if kind.formula)} "
-             "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
-    meta, info = meta_params_at(run_dir, cfg, task, generation)
     try:
         report, problem, visited = fit(task, meta, max_size, seed, evaluations, samples)
     except ValueError as err:
@@ -363,31 +338,6 @@ def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: in
     report["json"] = str(run_dir / DISTILL_JSON)
     report["seconds"] = round(time.perf_counter() - t, 2)
     return report
-
-
-def meta_params_at(run_dir: Path, cfg, task, generation):
-    """``(meta_params, info)``: the exported best, or the best found up to a kept checkpoint's generation."""
-    import jax
-
-    from metarl import checkpoints
-    from metarl.scores import build_evolution
-
-    try:
-        if generation == "best":
-            return checkpoints.read_best(run_dir, task.template)
-        ckpt = checkpoints.Checkpointer(run_dir, write=False)
-        try:
-            steps = sorted(ckpt.manager.all_steps())
-            if generation not in steps:
-                fail(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
-                     + "".join(f", {s}" for s in steps))
-            _, evo = build_evolution(cfg, task=task, mesh=None)
-            state, _ = ckpt.restore(evo.init(jax.random.key(cfg.seed)), generation)
-        finally:
-            ckpt.close()
-    except checkpoints.CheckpointError as err:
-        fail(str(err))
-    return state.best_params, {"generation": generation, "fitness": float(state.best_fitness)}
 
 
 # --- the figure ----------------------------------------------------------------------------------------
@@ -403,7 +353,7 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS
 
     config, grid = task.inner_config, 201
-    value_loss = problem.kind is kinds.VALUE_LOSS
+    value_loss = task.kind is kinds.VALUE_LOSS
     x_name = "error" if value_loss else "ratio"
     x = np.linspace(*report["ranges"][x_name], grid)
     zero = int(np.argmin(np.abs(x)))
@@ -414,37 +364,33 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     sides = [("learned", task.component, meta, "learned")]
     sides += [(f"formula {e['k']} (size {e['size']}, NMSE {e['nmse']:.2g})"
                + (f": {plots.math_label(e['latex'])}" if plots.math_label(e["latex"]) else ""),
-               problem.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
+               task.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
               for e in (front[k] for k in sorted({0, report["suggested"], len(front) - 1}))]
     sides.append(("L2: 0.5 δ²", L2_VALUE_LOSS, {}, "baseline") if value_loss else
                  (f"PPO (clip_eps={float(config.clip_eps):g})", CLIPPED_SURROGATE, {}, "baseline"))
 
-    def side_fn(comp):
-        """Jitted ``(m, pts) -> (value, gradient w.r.t. the prediction or None)`` of one side."""
-        def fn(m, pts):
-            y = function_at(problem.kind, comp, m, pts, config)
-            if not value_loss:
-                return y, None
-            # elementwise: each sample's own gradient (the prediction moves with the error)
-            return y, jax.grad(lambda e: function_at(problem.kind, comp, m, {**pts, "error": e}, config).sum())(
-                pts["error"])
-        return jax.jit(fn)
+    def values(comp, m, pts):
+        """``(value, gradient w.r.t. the prediction or None)`` of one side."""
+        y = function_at(task.kind, comp, m, pts, config)
+        if not value_loss:
+            return y, None
+        # elementwise: each sample's own gradient (the prediction moves with the error)
+        return y, jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())(
+            pts["error"])
 
-    fns = [side_fn(comp) for _, comp, _, _ in sides]
+    fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]
 
-    def curves(fraction, **drawn_inputs):
+    def curves(**drawn):
         """Per side: (label, value, gradient w.r.t. the prediction or None, style) over the grid."""
-        pts = {n: jnp.full(grid, v, jnp.float32) for n, v in base.items()}
-        if fraction is not None:
-            pts["progress"] = jnp.full(grid, fraction, jnp.float32)
-        pts.update({k: jnp.asarray(v, jnp.float32) for k, v in drawn_inputs.items()})
+        pts = {n: jnp.full(grid, v, jnp.float32) for n, v in {**base, **drawn}.items()}
         return [(label, *jax.tree.map(np.asarray, fn(m, pts)), style) for fn, (label, _, m, style) in zip(fns, sides)]
 
     rows = []
     for fraction in ((0.0, 0.5, 1.0) if "progress" in problem.variables else (None,)):
         when = "" if fraction is None else f", at {fraction:.0%} of training"
+        drawn = {} if fraction is None else {"progress": fraction}
         if value_loss:
-            drawn_curves = curves(fraction, error=x)
+            drawn_curves = curves(**drawn, error=x)
             rows.append([{"title": "loss - loss at error 0" + when, "ylabel": "loss",
                           "curves": [(label, y - y[zero], style) for label, y, _, style in drawn_curves]},
                          {"title": "gradient w.r.t. the prediction" + when, "ylabel": "d loss / d prediction",
@@ -453,7 +399,7 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
             advantages = [round(float(q), 2) for q in np.quantile(visited["advantage"], (0.9, 0.1))]
             rows.append([{"title": f"drift at advantage {adv:g}" + when, "ylabel": "drift",
                           "curves": [(label, y, style) for label, y, _, style in
-                                     curves(fraction, ratio=x, advantage=np.full(grid, adv))]}
+                                     curves(**drawn, ratio=x, advantage=adv)]}
                          for adv in advantages])
     held = [n for n in problem.variables if n not in (x_name, "progress")]
     note = (f"{report['component']} of {report['run_dir']} (generation {report['generation']}); fitted: "
@@ -467,6 +413,9 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
 # --- the CLI -------------------------------------------------------------------------------------------
 
 def format_report(report: dict) -> str:
+    spec = report["front"][report["suggested"]]["component"]  # the suggested formula's, in code
+    module, _, name = spec["_target_"].rpartition(".")
+    args = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k not in ("kind", "_target_"))
     lines = [f"distilled the learned {report['kind']} ({report['component']}) of {report['run_dir']}, "
              f"generation {report['generation']} (fitness {report['fitness']:.4g})",
              f"fitted: {report['fitted']} over " + ", ".join(
@@ -484,16 +433,9 @@ def format_report(report: dict) -> str:
     lines += ["", f"* suggested: {report['suggested_rule']} (NMSE = mean squared error / variance of the learned "
                   "function over the points)",
               f"compare on fresh seeds: python -m metarl.evaluate {report['run_dir']} distilled={report['suggested']}",
-              f"in code: {_constructor(report['front'][report['suggested']]['component'])}",
+              f"in code: from {module} import {name}; {name}({args})",
               f"wrote {report['json']}", f"wrote {report['figure']}"]
     return "\n".join(lines)
-
-
-def _constructor(spec: dict) -> str:
-    """``from MODULE import CLASS; CLASS(arguments)`` of a formula's component config."""
-    module, _, name = spec["_target_"].rpartition(".")
-    args = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k not in ("kind", "_target_"))
-    return f"from {module} import {name}; {name}({args})"
 
 
 def load_formula(run_dir: Path, k: int) -> dict:

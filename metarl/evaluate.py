@@ -45,9 +45,8 @@ def eval_keys(run_seed: int, num_seeds: int):
 
 def summarise(final: np.ndarray) -> dict:
     finite = final[np.isfinite(final)]
-    low, high = t_interval(finite)
     return {"mean": float(np.mean(finite)) if finite.size else float("nan"),
-            "ci95": [float(low), float(high)],
+            "ci95": [float(b) for b in t_interval(finite)],
             "std": float(np.std(finite, ddof=1)) if finite.size > 1 else float("nan"),
             "n": int(finite.size), "nonfinite": int(final.size - finite.size),
             "final_returns": [float(v) for v in final]}
@@ -60,20 +59,17 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
     welch = stats.ttest_ind(a, b, equal_var=False)
     mwu = stats.mannwhitneyu(a, b, alternative="two-sided")
     diff = float(np.mean(a) - np.mean(b))
-    significant = bool(welch.pvalue < ALPHA)
-    winner = "learned" if diff > 0 else "baseline" if diff < 0 else "tie"
     return {"difference": diff, "welch_t": float(welch.statistic), "welch_df": float(welch.df),
             "welch_p": float(welch.pvalue), "mannwhitney_u": float(mwu.statistic),
-            "mannwhitney_p": float(mwu.pvalue), "alpha": ALPHA, "winner": winner,
-            "significant": significant}
+            "mannwhitney_p": float(mwu.pvalue), "alpha": ALPHA,
+            "winner": "learned" if diff > 0 else "baseline" if diff < 0 else "tie",
+            "significant": bool(welch.pvalue < ALPHA)}
 
 
-def side_labels(task) -> list[str]:
-    return [f"learned {task.kind}", "baseline: " + task.kind.baseline(task.inner_config)]
-
-
-def formula_label(k: int) -> str:
-    return f"formula {k}"
+def side_labels(task, formula=None) -> list[str]:
+    """The learned side, the baseline and, with ``formula`` (``_load``'s), formula K."""
+    return [f"learned {task.kind}", "baseline: " + task.kind.baseline(task.inner_config)] + (
+        [f"formula {formula[0]['k']}"] if formula else [])
 
 
 def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None,
@@ -91,16 +87,13 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
     def evaluated(cfg):
         if tasks is not None:
             return task_specs(dataclasses.replace(cfg, tasks=tasks))
-        trained = task_specs(cfg)
-        if env is not None or total_timesteps is not None:
-            base = trained[0]
-            inner = dict(base.inner)
-            if total_timesteps is not None:
-                inner["total_timesteps"] = total_timesteps
-            env_args = None if env else base.env_args
-            name = default_name(env or base.env, env_args, {"total_timesteps": total_timesteps} if total_timesteps else {})
-            return [TaskSpec(name, env or base.env, inner, "env", env_args)]
-        return trained + task_specs(cfg, "eval_tasks")
+        if env is None and total_timesteps is None:
+            return task_specs(cfg) + task_specs(cfg, "eval_tasks")
+        base = task_specs(cfg)[0]
+        timesteps = {} if total_timesteps is None else {"total_timesteps": total_timesteps}
+        env_args = None if env else base.env_args
+        return [TaskSpec(default_name(env or base.env, env_args, timesteps), env or base.env,
+                         {**base.inner, **timesteps}, "env", env_args)]
 
     try:
         cfg, task = results.load_run(run_dir, evaluated)
@@ -124,25 +117,22 @@ def _spec_key(spec) -> tuple:
 
 
 def _train_sides(task, meta, keys, formula=None):
-    """Per task, learning curves ``(seeds, updates)`` of the learned side, of the baseline and of the
-    ``formula`` (``_load``'s, if any) on ``keys`` (each one vmapped, jitted call), and the random
-    policy's return per seed; returns
+    """Per task, learning curves ``(seeds, updates)`` of each side (``side_labels``) on ``keys`` (each one
+    vmapped, jitted call), and the random policy's return per seed; returns
     ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds)."""
     import jax
 
     from metarl import compilation
     from metarl.inner_loops.envs import random_policy_return
 
-    learned, baseline = side_labels(task)
-    programs = {}
-    for i, spec in enumerate(task.specs):
-        programs[(spec.name, learned)] = lambda k, i=i: task.make_train(meta, i)(k)[1]["episode_return"]
-        programs[(spec.name, baseline)] = lambda k, i=i: task.baselines[i](k)[1]["episode_return"]
-        programs[(spec.name, "random")] = lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())
-        if formula is not None:
-            entry, formula_task = formula
-            programs[(spec.name, formula_label(entry["k"]))] = (
-                lambda k, i=i: formula_task.make_train({}, i)(k)[1]["episode_return"])
+    trains = [[make(meta) for make in task.trainers], task.baselines]  # per side, per task: train(key)
+    if formula is not None:
+        trains.append([make({}) for make in formula[1].trainers])
+    programs = {(spec.name, "random"): lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())
+                for spec in task.specs}
+    for side, per_task in zip(side_labels(task, formula), trains):
+        for spec, train in zip(task.specs, per_task):
+            programs[(spec.name, side)] = lambda k, train=train: train(k)[1]["episode_return"]
     # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
     t = time.perf_counter()
     lowered = {key: jax.jit(jax.vmap(fn)).lower(keys) for key, fn in programs.items()}
@@ -163,29 +153,27 @@ def _process_count(num_processes, num_seeds: int) -> int:
     seed), or one with an accelerator."""
     from metarl import hardware
 
-    if num_processes == "auto" and os.environ.get("METARL_NUM_PROCESSES", "").strip():
-        num_processes = os.environ["METARL_NUM_PROCESSES"]
-    if num_processes != "auto":
-        return min(int(num_processes), num_seeds)
-    if hardware.has_accelerator():
-        return 1
-    return min(hardware.usable_cores(), num_seeds)
+    if num_processes == "auto":
+        num_processes = os.environ.get("METARL_NUM_PROCESSES", "").strip() or "auto"
+    if num_processes == "auto":
+        return 1 if hardware.has_accelerator() else min(hardware.usable_cores(), num_seeds)
+    return min(int(num_processes), num_seeds)
 
 
 def _worker(job):
     """One process's share: agents ``start:stop`` of every task and side, pinned to its own cores."""
-    run_dir, env, total_timesteps, tasks, distilled, num_seeds, start, stop, cores = job
+    load_args, num_seeds, start, stop, cores = job
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)  # before JAX starts XLA's thread pool in this fresh process
     from metarl import compilation
 
     compilation.enable_compilation_cache()
-    cfg, task, _, meta, _, formula = _load(Path(run_dir), env, total_timesteps, tasks, distilled)
+    cfg, task, _, meta, _, formula = _load(*load_args)
     _, keys = eval_keys(cfg.seed, num_seeds)
     return _train_sides(task, meta, keys[start:stop], formula)
 
 
-def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, distilled, num_seeds):
+def _train_sides_in_processes(processes, load_args: tuple, num_seeds):
     """The agents split into ``processes`` contiguous blocks, one fresh process each, pinned to its own
     cores before JAX starts (XLA sizes its thread pools by them), as ``metarl.launch`` does for a run.
     Agent i still trains from key i, so the results do not depend on the split."""
@@ -194,7 +182,7 @@ def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, d
     from metarl.launch import core_sets
 
     bounds = np.linspace(0, num_seeds, processes + 1).round().astype(int)
-    jobs = [(str(run_dir), env, total_timesteps, tasks, distilled, num_seeds, int(a), int(b), cores)
+    jobs = [(load_args, num_seeds, int(a), int(b), cores)
             for (a, b), cores in zip(zip(bounds[:-1], bounds[1:]), core_sets(processes))]
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         parts = pool.map(_worker, jobs)
@@ -205,14 +193,6 @@ def _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks, d
     return curves, seconds, max(p[2] for p in parts)
 
 
-def normalized_scores(final: np.ndarray, baseline_mean: float, random_mean: float) -> np.ndarray:
-    """(R - random) / (baseline - random), with the same positive scale rule as the fitness."""
-    from metarl.outer_loops.fitness import spans
-
-    span = spans({"base": [baseline_mean], "low": [random_mean]})[0]
-    return (np.asarray(final, float) - random_mean) / float(span)
-
-
 def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> dict:
     """The interquartile mean of the normalised scores (seeds x tasks) per side, with stratified
     bootstrap 95% CIs, and the probability that the learned side improves on the baseline
@@ -220,43 +200,41 @@ def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> di
     give the same CIs."""
     from metarl import stats
 
-    rng = np.random.RandomState(0)
-    iqm_learned, ci_learned = stats.interval(stats.iqm, (learned,), reps, rng)
-    iqm_baseline, ci_baseline = stats.interval(stats.iqm, (baseline,), reps, rng)
-    p, ci_p = stats.interval(stats.probability_of_improvement, (learned, baseline), reps, rng)
-    return {"tasks": int(learned.shape[1]),
-            "iqm_learned": iqm_learned, "iqm_learned_ci95": ci_learned,
-            "iqm_baseline": iqm_baseline, "iqm_baseline_ci95": ci_baseline,
-            "probability_of_improvement": p, "probability_of_improvement_ci95": ci_p}
+    rng, result = np.random.RandomState(0), {"tasks": int(learned.shape[1])}
+    for name, statistic, scores in (("iqm_learned", stats.iqm, (learned,)), ("iqm_baseline", stats.iqm, (baseline,)),
+                                    ("probability_of_improvement", stats.probability_of_improvement,
+                                     (learned, baseline))):
+        result[name], result[f"{name}_ci95"] = stats.interval(statistic, scores, reps, rng)
+    return result
 
 
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_processes: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None) -> dict:
     from metarl import plots
-    from metarl.outer_loops.fitness import final_window_mean
+    from metarl.outer_loops.fitness import final_window_mean, spans
 
     run_dir = Path(run_dir)
-    cfg, task, on_train, meta, info, formula = _load(run_dir, env, total_timesteps, tasks, distilled)
+    load_args = (run_dir, env, total_timesteps, tasks, distilled)
+    cfg, task, on_train, meta, info, formula = _load(*load_args)
     root, keys = eval_keys(cfg.seed, num_seeds)
     processes = _process_count(num_processes, num_seeds)
     if processes == 1:
         curves, seconds, compile_s = _train_sides(task, meta, keys, formula)
     else:
-        curves, seconds, compile_s = _train_sides_in_processes(processes, run_dir, env, total_timesteps, tasks,
-                                                               distilled, num_seeds)
+        curves, seconds, compile_s = _train_sides_in_processes(processes, load_args, num_seeds)
 
-    learned_label, baseline_lbl = side_labels(task)
-    labels = [learned_label, baseline_lbl] + ([formula_label(distilled)] if formula else [])
-    rows, normalized = [], {True: {label: [] for label in labels}, False: {label: [] for label in labels}}
+    labels = side_labels(task, formula)
+    learned_label, baseline_label = labels[:2]
+    rows, normalized = [], {True: [], False: []}  # per split, per task: {side: normalised scores}
     for spec, inner, trained in zip(task.specs, task.inner_configs, on_train):
         c = curves[spec.name]
         finals = {label: final_window_mean(c[label], FINAL_WINDOW) for label in labels}
-        base_mean = float(np.nanmean(finals[baseline_lbl]))
-        random_mean = float(np.mean(c["random"]))
-        norm = {label: normalized_scores(f, base_mean, random_mean) for label, f in finals.items()}
-        for label in labels:
-            normalized[trained][label].append(norm[label])
+        base_mean, random_mean = float(np.nanmean(finals[baseline_label])), float(np.mean(c["random"]))
+        # (R - random) / (baseline - random), with the same positive scale rule as the fitness
+        span = float(spans({"base": [base_mean], "low": [random_mean]})[0])
+        norm = {label: (f - random_mean) / span for label, f in finals.items()}
+        normalized[trained].append(norm)
         row = {"task": spec.name, "env": spec.env, "split": "trained-on" if trained else "held-out",
                "total_timesteps": int(getattr(inner, "total_timesteps", 0)),
                "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]}
@@ -264,17 +242,17 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
                "random_return": random_mean,
                "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
                "normalized_ci95": {label: [float(b) for b in t_interval(v)] for label, v in norm.items()},
-               "test": compare(finals[learned_label], finals[baseline_lbl])}
+               "test": compare(finals[learned_label], finals[baseline_label])}
         if formula:
-            row["test_formula"] = compare(finals[labels[2]], finals[baseline_lbl])
+            row["test_formula"] = compare(finals[labels[2]], finals[baseline_label])
         rows.append(row)
     aggregates = {}
     for trained, name in ((False, "held-out"), (True, "trained-on")):
-        scores_of = {label: np.stack(v, axis=1) for label, v in normalized[trained].items() if v}
-        if scores_of:
-            aggregates[name] = aggregate(scores_of[learned_label], scores_of[baseline_lbl])
+        if normalized[trained]:
+            scores_of = {label: np.stack([n[label] for n in normalized[trained]], axis=1) for label in labels}
+            aggregates[name] = aggregate(scores_of[learned_label], scores_of[baseline_label])
             if formula:
-                aggregates[name]["formula"] = aggregate(scores_of[labels[2]], scores_of[baseline_lbl])
+                aggregates[name]["formula"] = aggregate(scores_of[labels[2]], scores_of[baseline_label])
 
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
@@ -285,9 +263,8 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
     }
     if formula:
-        entry = formula[0]
-        report["formula"] = {"k": distilled, "label": labels[2], "expression": entry["expression"],
-                             "size": entry["size"], "nmse": entry["nmse"], "component": entry["component"]}
+        report["formula"] = {"k": distilled, "label": labels[2],
+                             **{key: formula[0][key] for key in ("expression", "size", "nmse", "component")}}
     values = task.kind.values(task.component, meta)  # named trainer settings, where the kind learns such
     if values is not None:
         report["learned_values"] = values
@@ -303,7 +280,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir / FIGURES / name))
     if len(rows) > 1:
-        fig = plots.task_scores_figure(rows, aggregates, learned_label, baseline_lbl,
+        fig = plots.task_scores_figure(rows, aggregates, learned_label, baseline_label,
                                        labels[2] if formula else None)
         report["figure"] = str(plots.save(fig, run_dir / FIGURES / f"evaluation{suffix}.png"))
     else:

@@ -23,11 +23,11 @@ from metarl.cli import EXIT_BAD_INPUT, FIGURES, fail  # noqa: F401 (FIGURES: par
 from metarl.config import ConfigError
 
 
-def parse_args(argv: list[str], allowed: dict, usage: str | None = None) -> tuple[Path, dict]:
+def parse_args(argv: list[str], allowed: dict, usage: str) -> tuple[Path, dict]:
     """``RUN_DIR key=value ...`` with ``allowed`` mapping each key to (type, default); ``usage``: the
     calling command's module docstring, printed for ``--help`` or no arguments."""
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage or __doc__)
+        print(usage)
         raise SystemExit(0 if argv else EXIT_BAD_INPUT)
     run_dir, options = Path(argv[0]), {k: default for k, (_, default) in allowed.items()}
     for arg in argv[1:]:

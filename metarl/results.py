@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any, Callable
@@ -32,15 +33,11 @@ def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = No
 def history(run_dir: str | Path) -> list[dict]:
     """Per-generation records: ``metrics.jsonl``, or the latest checkpoint's copy if that is longer."""
     records = read_metrics(run_dir)
-    try:
+    with contextlib.suppress(checkpoints.CheckpointError):
         ckpt = checkpoints.Checkpointer(run_dir, write=False)
         if ckpt.latest_step() is not None:
-            saved = ckpt.read_meta()["history"]
-            if len(saved) > len(records):
-                records = saved
+            records = max(records, ckpt.read_meta()["history"], key=len)  # the first of two as long
         ckpt.close()
-    except checkpoints.CheckpointError:
-        pass
     return records
 
 
