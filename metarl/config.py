@@ -15,11 +15,11 @@ from typing import Optional
 
 from metarl import experiments as _experiments_pkg
 from metarl.outer_loops.es_config import ESConfig
+from metarl.inner_loops.config_checks import INT32_MAX
 from metarl.inner_loops.plugins import ConfigError
 
 EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
 CONFIG_FILE = "config.yaml"   # a run directory's resolved config: what resume, inspect and evaluate read
-INT32_MAX = 2**31 - 1
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
 RESUMABLE_FIELDS = ("run_dir", "experiments_dir", "eval_tasks", "es.generations", "checkpoint", "logger", "devices")

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from metarl.inner_loops import plugins
-from metarl.config import INT32_MAX, ConfigError
+from metarl.config import ConfigError
+from metarl.inner_loops.config_checks import INT32_MAX
 from metarl.outer_loops.search_space import HyperparamSpace
 
 
