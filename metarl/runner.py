@@ -16,7 +16,6 @@ from metarl.config import RunConfig
 from metarl.launch import stop_signals_to
 from metarl.logger import Logger, truncate_metrics
 from metarl.tasks import Task
-from metarl.outer_loops.fitness import degenerate
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
 
 
@@ -56,20 +55,8 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                     wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
                     mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
     logger.catch_up(history)
-    if scores.normalization(cfg, len(task.specs)) == "baseline":  # the same state, scored against the reference
-        reference = scores.load_reference(run_dir, task.names)
-        if reference is None:  # measured (and stored) the first time
-            t = time.perf_counter()
-            reference = scores.measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
-            if is_main:
-                scores.save_reference(run_dir, reference)
-            logger.message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
-        logger.message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: "
-                       + scores.describe(reference))
-        bad = degenerate(reference)
-        if bad:
-            logger.message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this "
-                           "budget, so its normalised score has no scale there (the gap's size is used)")
+    reference = scores.run_reference(cfg, task, run_dir, write=is_main, message=logger.message)
+    if reference is not None:  # the same state, scored against the reference
         task, evo = scores.build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
 
     ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)

@@ -6,6 +6,7 @@ so a resumed run scores exactly as before and measures nothing again.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -16,7 +17,7 @@ from metarl import compilation, devices
 from metarl.checkpoints import atomic_write
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.evolution import Evolution
-from metarl.outer_loops.fitness import make_aggregate, spans, task_key
+from metarl.outer_loops.fitness import degenerate, make_aggregate, spans, task_key
 from metarl.stats import t_interval
 from metarl.tasks import build_task
 
@@ -46,6 +47,26 @@ def normalization(cfg, num_tasks: int) -> str:
     if cfg.fitness.normalize is not None:
         return cfg.fitness.normalize
     return "baseline" if num_tasks > 1 else "none"
+
+
+def run_reference(cfg, task, run_dir: Path, write: bool, message: Callable[[str], None]) -> Optional[dict]:
+    """The reference a run normalises against (None without ``normalize=baseline``): the one stored in
+    its directory, or measured now (and stored, with ``write``), then described through ``message``."""
+    if normalization(cfg, len(task.specs)) != "baseline":
+        return None
+    reference = load_reference(run_dir, task.names)
+    if reference is None:
+        t = time.perf_counter()
+        reference = measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
+        if write:
+            save_reference(run_dir, reference)
+        message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
+    message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: " + describe(reference))
+    bad = degenerate(reference)
+    if bad:
+        message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this budget, so its "
+                "normalised score has no scale there (the gap's size is used)")
+    return reference
 
 
 def measure_reference(task, seed: int, num_seeds: int) -> dict:
