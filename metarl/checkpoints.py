@@ -1,4 +1,5 @@
 """Orbax checkpoints of the whole outer state (docs/resume.md), and the exported best meta-parameters.
+
 A checkpoint at generation G holds the evolution state after G generations and, as JSON, the history of
 the G generations and the resolved config. Orbax writes each step to a temporary directory and renames
 it when complete, so a kill mid-write leaves the previous checkpoint intact; the leftover is removed.
