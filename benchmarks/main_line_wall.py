@@ -27,10 +27,11 @@ from pathlib import Path
 MODES = {"one": "devices.num_processes=1", "auto": "devices.num_processes=auto"}
 
 
-def run(mode: str, overrides: list[str], run_dir: Path, cache: Path, timeout: int) -> dict:
+def run(mode: str, overrides: list[str], run_dir: Path, cache: Path, timeout: int,
+        python: str = sys.executable) -> dict:
     env = dict(os.environ, WANDB_MODE="disabled", JAX_COMPILATION_CACHE_DIR=str(cache), PYTHONUNBUFFERED="1")
     env.pop("METARL_NUM_PROCESSES", None)
-    cmd = [sys.executable, "-m", "metarl.evolve", "experiment=value_loss", *overrides, MODES[mode],
+    cmd = [python, "-m", "metarl.evolve", "experiment=value_loss", *overrides, MODES[mode],
            f"run_dir={run_dir}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
