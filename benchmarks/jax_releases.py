@@ -65,7 +65,7 @@ def main():
                 results[python]["ppo_throughput"].append(throughput(python, args))
                 print(f"round {round_ + 1}: jax {jax_version}: the main line", file=sys.stderr, flush=True)
                 run_dir = Path(tmp) / f"run-{round_}-{i}"
-                run = main_line_wall.run("auto", overrides, run_dir, Path(tmp) / f"cache-{round_}-{i}",
+                run = main_line_wall.run([], overrides, run_dir, Path(tmp) / f"cache-{round_}-{i}",
                                          args.timeout, python)
                 print(f"  {run['wall_s']} s wall, {run['generation_s']} s per generation",
                       file=sys.stderr, flush=True)

@@ -1,7 +1,9 @@
-"""What metarl's commands share: the bad-input exit, and the checks of an experiment's command line
-and of the run directory it names (reading only)."""
+"""What metarl's commands share: the bad-input exit, the signals that stop a run, and the checks of an
+experiment's command line and of the run directory it names (reading only)."""
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
 from pathlib import Path
 
@@ -10,11 +12,30 @@ from metarl.config import CONFIG_FILE
 
 EXIT_BAD_INPUT = 2
 FIGURES = "figures"  # RUN_DIR/figures: where inspect, evaluate, distill and a logged run write figures
+# Signals that stop a run after the generation in flight, with a checkpoint (``metarl.runner``).
+# SIGHUP is what a closed terminal sends.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT):
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+@contextlib.contextmanager
+def stop_signals_to(handler):
+    """``handler`` receives the stop signals inside the block. A signal this process was started with
+    ignored (``nohup`` ignores SIGHUP) stays ignored rather than stopping the run; outside the main
+    thread, where Python cannot set handlers, nothing changes."""
+    try:
+        old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
+    except ValueError:  # not the main thread
+        old = {}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
 
 
 def refuse_chdir(composed) -> None:

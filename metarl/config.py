@@ -115,15 +115,20 @@ class MlflowSection:
 @dataclasses.dataclass(frozen=True)
 class LoggerSection:
     progress: bool = True
-    verbose: bool = False    # third-party libraries' lines on the console too (metarl.launch.NOISE)
+    verbose: bool = False    # third-party libraries' lines on the console too (wandb's)
     wandb: WandbSection = WandbSection()
     mlflow: MlflowSection = MlflowSection()
 
 
 @dataclasses.dataclass(frozen=True)
 class DevicesSection:
+    # One process per machine; on a CPU it makes this many CPU devices (auto: one per usable core).
+    num_cpu_devices: typing.Union[int, str] = _checked(
+        "auto (one per usable CPU core, or JAX_NUM_CPU_DEVICES) or a positive integer",
+        lambda n: n == "auto" or (isinstance(n, int) and n > 0), default="auto")
+    # Several hosts, one process each, joined by jax.distributed (auto: METARL_NUM_PROCESSES or SLURM's, else 1).
     num_processes: typing.Union[int, str] = _checked(
-        "auto (one process per usable CPU core, or one for all local GPUs) or a positive integer",
+        "auto (from METARL_NUM_PROCESSES or SLURM, else 1) or a positive integer",
         lambda n: n == "auto" or (isinstance(n, int) and n > 0), default="auto")
     coordinator_address: Optional[str] = None
     process_id: Optional[int] = None

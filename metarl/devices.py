@@ -1,6 +1,8 @@
-"""Devices (docs/devices.md): a mesh over every device for the population axis, multi-process start-up,
-and the processes' agreement. The evolution state is one global, fully replicated array: each process
-runs the same ask/tell on it, and the population's members are split over the devices.
+"""Devices (docs/devices.md): one process per machine, which uses every core through as many CPU
+devices (or drives every local GPU); a mesh over the devices for the population axis; several hosts
+joined by ``jax.distributed``, started by the hosts' own launcher (SLURM, or ``METARL_*`` set by
+hand). The evolution state is one global, fully replicated array: each process runs the same
+ask/tell on it, and the population's members are split over the devices.
 """
 from __future__ import annotations
 
@@ -11,17 +13,69 @@ import jax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from metarl import checkpoints, compilation, hardware, jax_private
+from metarl import checkpoints, compilation, jax_private
+
+# JAX's own ways to set the CPU device count, which ``num_cpu_devices=auto`` leaves to the user.
+CPU_DEVICE_SETTINGS = ("JAX_NUM_CPU_DEVICES", "xla_force_host_platform_device_count")
 
 
-def population_mesh(popsize: int):
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (containers, SLURM)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = _cgroup_cpu_quota()
+    return cores if quota is None else min(cores, max(1, int(quota)))
+
+
+def _cgroup_cpu_quota() -> Optional[float]:
+    """CPUs the cgroup may use (quota / period), or None when unlimited or unknown."""
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())
+        period = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
+        return None if quota <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def use_cpu_cores(num_cpu_devices: int | str = "auto") -> None:
+    """Give this process its CPU devices before JAX starts its backends: ``num_cpu_devices``, or with
+    ``auto`` one per usable core (unless ``JAX_NUM_CPU_DEVICES`` or XLA's forced device count says how
+    many). With an accelerator they are idle and cost nothing. Once JAX has started, its devices stay;
+    a count that differs from them is refused (``ValueError``)."""
+    auto = num_cpu_devices == "auto"
+    if auto and any(setting in os.environ.get("XLA_FLAGS", "") or os.environ.get(setting, "").strip()
+                    for setting in CPU_DEVICE_SETTINGS):
+        return
+    count = usable_cores() if auto else int(num_cpu_devices)
+    if not jax_private.backends_started():
+        jax.config.update("jax_num_cpu_devices", count)
+    elif not auto and len(jax.local_devices(backend="cpu")) != count:
+        raise ValueError(f"devices.num_cpu_devices: {count}, but JAX has started in this process with "
+                         f"{len(jax.local_devices(backend='cpu'))} CPU devices; allowed: auto, or a count set "
+                         "before JAX starts")
+
+
+def population_mesh(popsize: int, fit: bool = False):
     """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device.
-    The population must divide over the devices: padding members would cost compute for nothing."""
+    The population must divide over the devices: padding members would cost compute for nothing.
+    ``fit`` (one process, its device count not chosen by the user): the mesh takes the largest number
+    of the devices that the population divides over instead."""
     n = jax.device_count()
+    if fit and jax.process_count() == 1:
+        n = max(d for d in range(1, n + 1) if popsize % d == 0)
     if n == 1:
         return None
     check_divides(popsize, n)
-    return jax.make_mesh((n,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
+    return jax.make_mesh((n,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
+
+
+def run_mesh(cfg):
+    """The mesh a run's population is split over (``population_mesh`` with the run's settings)."""
+    return population_mesh(cfg.es.popsize, fit=cfg.devices.num_cpu_devices == "auto")
 
 
 def check_divides(popsize: int, n_devices: int) -> None:
@@ -47,6 +101,25 @@ def replicate(tree: Any, mesh: Optional[Any]) -> Any:
     return jax.tree.map(place, tree)
 
 
+def memory_per_device() -> Optional[int]:
+    """Bytes one device can hold: the accelerator's own limit, or on CPU the machine's physical
+    memory (CPU devices share it); None when unknown."""
+    device = jax.local_devices()[0]
+    if device.platform != "cpu":
+        return (device.memory_stats() or {}).get("bytes_limit")
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def members_per_memory(popsize: int) -> int:
+    """Members of the population that share one device's memory: a device's share on an
+    accelerator; on CPU every member this host runs (its CPU devices share its RAM)."""
+    share = jax.device_count() if jax.local_devices()[0].platform != "cpu" else jax.process_count()
+    return -(-popsize // share)
+
+
 def _env_int(*names: str) -> Optional[int]:
     for name in names:
         if os.environ.get(name, "").strip():
@@ -54,52 +127,34 @@ def _env_int(*names: str) -> Optional[int]:
     return None
 
 
-def auto_processes(popsize: int) -> int:
-    """``devices.num_processes=auto``: one process with an accelerator (it drives every local device);
-    on a CPU host, one per usable core, reduced to the largest count over whose devices (this process's
-    CPU devices each) the population divides; one if none, whose start-up then says why."""
-    if hardware.has_accelerator():
-        return 1
-    per_process = jax.local_device_count()
-    return max(n for n in range(1, hardware.usable_cores() + 1) if n == 1 or popsize % (n * per_process) == 0)
-
-
-def distributed_settings(devices_cfg, popsize: int) -> tuple[int, Optional[str], Optional[int]]:
-    """``(num_processes, coordinator_address, process_id)`` from the config, else ``METARL_*`` (set by
-    ``metarl.launch`` or by hand on each host), else SLURM's; with none, ``auto`` counts this machine's cores."""
+def distributed_settings(devices_cfg) -> tuple[int, Optional[str], Optional[int]]:
+    """``(num_processes, coordinator_address, process_id)`` of a run over several hosts: from the config,
+    else ``METARL_*`` (set by hand on each host), else SLURM's; one process when none says more."""
     num = devices_cfg.num_processes if devices_cfg.num_processes != "auto" else None
-    num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS")
+    num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS") or 1
     coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR") or None
     process_id = devices_cfg.process_id
     if process_id is None:
         process_id = _env_int("METARL_PROCESS_ID", "SLURM_PROCID")
-    if num is None:
-        # Only a process that launches the others counts cores; one told its place in a larger run
-        # without a count is left to fail in `setup` with the message that says what is missing.
-        num = auto_processes(popsize) if coordinator is None and process_id is None else 1
     return num, coordinator, process_id
 
 
-def needs_local_launch(devices_cfg, popsize: int) -> bool:
-    """Several processes asked for, but nothing says who this one is: start them all here."""
-    num, coordinator, process_id = distributed_settings(devices_cfg, popsize)
-    return num > 1 and coordinator is None and process_id is None
-
-
-def setup(devices_cfg, popsize: int) -> None:
-    """Join a multi-process run when one is configured; a single process needs nothing."""
-    hardware.pin_cpus()
+def setup(devices_cfg) -> None:
+    """This process's devices, before any JAX computation: its CPU devices (``use_cpu_cores``), then,
+    when several processes are configured, joining them; a single process needs nothing more."""
     compilation.enable_compilation_cache()
-    num, coordinator, process_id = distributed_settings(devices_cfg, popsize)
-    if num <= 1:
+    use_cpu_cores(devices_cfg.num_cpu_devices)
+    num, coordinator, process_id = distributed_settings(devices_cfg)
+    if num <= 1 or jax.distributed.is_initialized():
         return
     if coordinator is None and "SLURM_JOB_ID" in os.environ:
         jax.distributed.initialize()  # JAX reads the node list and task ids SLURM sets
         return
     if coordinator is None or process_id is None:
-        raise ValueError("devices.coordinator_address: a multi-process run needs the coordinator's host:port "
-                         "and this process's id (devices.process_id, or METARL_COORDINATOR and "
-                         "METARL_PROCESS_ID); allowed: both set, or neither to launch every process here")
+        raise ValueError(f"devices.num_processes: {num} processes need the coordinator's host:port and this "
+                         "process's id (devices.coordinator_address and devices.process_id, or METARL_COORDINATOR "
+                         "and METARL_PROCESS_ID, or SLURM's); allowed: 1 or auto on one machine, whose one process "
+                         "uses every core, or both set on each host")
     if not 0 <= process_id < num:
         raise ValueError(f"devices.process_id: {process_id}; allowed: 0 to {num - 1}")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num, process_id=process_id,

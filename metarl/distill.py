@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from metarl.cli import FIGURES, fail
-from metarl.inspect import at_least, parse_args
+from metarl.config import ConfigError
+from metarl.inspect import at_least, check_run_dir, parse_args
 
 DISTILL_JSON = "distill.json"
 FIGURE = "distill.png"
@@ -174,7 +175,7 @@ def search(X: np.ndarray, y: np.ndarray, max_size: int, evaluations: int, seed: 
     try:
         from pyoperon.sklearn import SymbolicRegressor
     except ImportError:
-        fail("distill needs pyoperon; allowed: after `pip install metarl[distill]`")
+        raise ConfigError("distill needs pyoperon; allowed: after `pip install metarl[distill]`") from None
     reg = SymbolicRegressor(allowed_symbols=OPERATORS, objectives=["r2", "length"], max_length=max_size,
                             population_size=500, generations=10_000, max_evaluations=evaluations,
                             optimizer_iterations=10, n_threads=1, random_state=seed)
@@ -253,9 +254,12 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     import jax.numpy as jnp
     import sympy
 
+    from metarl.progress import progress
+
     t = time.perf_counter()
     problem = problem_for(task)
-    visited = visited_inputs(task, meta, seed)
+    with progress("recording the component's inputs over training"):
+        visited = visited_inputs(task, meta, seed)
     recorded_s = time.perf_counter() - t
     points, ranges = sample_points(visited, problem, samples, seed)
     inputs = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
@@ -265,7 +269,8 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     X = np.stack([points[n] - CENTRES.get(n, 0) for n in problem.variables], axis=1)
 
     t = time.perf_counter()
-    found = search(X, y, max_size, evaluations, seed)
+    with progress("searching formulas (pyoperon)"):
+        found = search(X, y, max_size, evaluations, seed)
     search_s = time.perf_counter() - t
     scale = float(np.std(y)) or 1.0
     exprs = {}  # by their text: the first of those that read the same
@@ -297,39 +302,44 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
 def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: int = 0,
             evaluations: int = 200_000, samples: int = 2000) -> dict:
     """Fit formulas to the run's learned component (the exported best, or the best found up to a kept
-    checkpoint's ``generation``); returns (and writes) the report."""
+    checkpoint's ``generation``); returns (and writes) the report. Bad input raises ``ConfigError`` (a
+    ``ValueError``) naming the argument; a run directory that cannot be read, ``ConfigError`` or
+    ``CheckpointError``."""
     import jax
 
     from metarl import checkpoints, plots, results
-    from metarl.config import ConfigError
     from metarl.kinds import KINDS
     from metarl.scores import build_evolution
 
+    for name, value, least in (("max_size", max_size, 3), ("evaluations", evaluations, 1000),
+                               ("samples", samples, 10)):
+        if value < least:
+            raise ConfigError(f"{name}: {value}; allowed: >= {least}")
+    check_run_dir(run_dir)
     run_dir = Path(run_dir)
     t = time.perf_counter()
-    try:
-        cfg, task = results.load_run(run_dir)
-        if task.kind.formula is None:
-            fail(f"component.kind: {task.kind} in {run_dir}; allowed: "
-                 f"{' or '.join(name for name, kind in KINDS.items() if kind.formula)} "
-                 "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
-        if generation == "best":
-            meta, info = checkpoints.read_best(run_dir, task.template)
-        else:
-            with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as ckpt:
-                steps = sorted(ckpt.manager.all_steps())
-                if generation not in steps:
-                    fail(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
-                         + "".join(f", {s}" for s in steps))
-                _, evo = build_evolution(cfg, task=task, mesh=None)
-                state, _ = ckpt.restore(evo.init(jax.random.key(cfg.seed)), generation)
-            meta, info = state.best_params, {"generation": generation, "fitness": float(state.best_fitness)}
-    except (checkpoints.CheckpointError, ConfigError) as err:
-        fail(str(err))
+    cfg, task = results.load_run(run_dir)
+    if task.kind.formula is None:
+        raise ConfigError(f"component.kind: {task.kind} in {run_dir}; allowed: "
+                          f"{' or '.join(name for name, kind in KINDS.items() if kind.formula)} "
+                          "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
+    if generation == "best":
+        meta, info = checkpoints.read_best(run_dir, task.template)
+    else:
+        with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as ckpt:
+            steps = sorted(ckpt.manager.all_steps())
+            if generation not in steps:
+                raise ConfigError(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
+                                  + "".join(f", {s}" for s in steps))
+            _, evo = build_evolution(cfg, task=task, mesh=None)
+            state, _ = ckpt.restore(evo.init(jax.random.key(cfg.seed)), generation)
+        meta, info = state.best_params, {"generation": generation, "fitness": float(state.best_fitness)}
     try:
         report, problem, visited = fit(task, meta, max_size, seed, evaluations, samples)
+    except ConfigError:
+        raise
     except ValueError as err:
-        fail(f"{run_dir}: {err}")
+        raise ConfigError(f"{run_dir}: {err}") from err
     report = {"run_dir": str(run_dir), "generation": info.get("generation"), "fitness": info.get("fitness"),
               "from": str(generation), **report}
     fig = distill_figure(task, meta, problem, report, visited)
@@ -439,13 +449,13 @@ def format_report(report: dict) -> str:
 
 
 def load_formula(run_dir: Path, k: int) -> dict:
-    """Entry ``k`` of the run's distill.json; a bad ``k`` or a missing file ends the CLI with one line."""
+    """Entry ``k`` of the run's distill.json; a bad ``k`` or a missing file: ``ConfigError``."""
     path = Path(run_dir) / DISTILL_JSON
     if not path.is_file():
-        fail(f"distilled: {path} does not exist; allowed: after `python -m metarl.distill {run_dir}`")
+        raise ConfigError(f"distilled: {path} does not exist; allowed: after `python -m metarl.distill {run_dir}`")
     front = json.loads(path.read_text())["front"]
     if not 0 <= k < len(front):
-        fail(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {path})")
+        raise ConfigError(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {path})")
     return front[k]
 
 
@@ -454,10 +464,13 @@ def main(argv: list[str] | None = None) -> int:
     generation = at_least(0, "value (best or a checkpointed generation number)", "best")
     run_dir, opts = parse_args(argv, {"generation": (generation, "best"), "max_size": (int, 25), "seed": (int, 0),
                                       "evaluations": (int, 200_000), "samples": (int, 2000)}, __doc__)
-    for name, least in (("max_size", 3), ("evaluations", 1000), ("samples", 10)):
-        if opts[name] < least:
-            fail(f"{name}: {opts[name]}; allowed: >= {least}")
-    print(format_report(distill(run_dir, **opts)))
+    from metarl.checkpoints import CheckpointError  # loads JAX: --help and bad arguments are answered without it
+
+    try:
+        report = distill(run_dir, **opts)
+    except (ConfigError, CheckpointError) as err:
+        fail(str(err).splitlines()[0])
+    print(format_report(report))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``python -m metarl.evaluate RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_processes=auto]
+"""``python -m metarl.evaluate RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_cpu_devices=auto]
 [distilled=K]``: the learned component against the hand-designed baseline on fresh seeds, on the tasks the
 run trained on and on its held-out ``eval_tasks`` (or on ``tasks=[...]``, or on one ``env``/``total_timesteps``).
 ``distilled=K`` adds formula K of the run's ``metarl.distill`` front (RUN_DIR/distill.json) as a third side.
@@ -8,14 +8,13 @@ the final returns (mean episode return over the last 10% of updates) with 95% CI
 (R - random) / (baseline - random), Welch's p and, per split, the IQM of the normalised scores with
 stratified-bootstrap CIs and the probability of improvement (``metarl.stats``). Writes
 RUN_DIR/evaluation[SUFFIX].json and RUN_DIR/figures/evaluation[SUFFIX]*.png (a suffix per setting, so
-other settings never overwrite them). On a CPU the agents are split over one process per usable core
-(``num_processes=auto``). docs/results.md.
+other settings never overwrite them). The agents are split over the devices, on a CPU one per usable
+core (``num_cpu_devices=auto``, as a run's ``devices.num_cpu_devices``). docs/results.md.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from metarl.cli import FIGURES, fail
-from metarl.inspect import at_least, parse_args
+from metarl.config import ConfigError
+from metarl.inspect import at_least, check_run_dir, parse_args
 from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
@@ -81,7 +81,6 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
     Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task; else the run's own
     tasks followed by its held-out ``eval_tasks``."""
     from metarl import checkpoints, results
-    from metarl.config import ConfigError
     from metarl.tasks import TaskSpec, default_name, task_specs
 
     def evaluated(cfg):
@@ -95,19 +94,16 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
         return [TaskSpec(default_name(env or base.env, env_args, timesteps), env or base.env,
                          {**base.inner, **timesteps}, "env", env_args)]
 
-    try:
-        cfg, task = results.load_run(run_dir, evaluated)
-        meta, info = checkpoints.read_best(run_dir, task.template)
-        trained_keys = {_spec_key(s) for s in task_specs(cfg)}
-        formula = None
-        if distilled is not None:
-            from metarl.distill import load_formula
-            from metarl.tasks import build_task
+    cfg, task = results.load_run(run_dir, evaluated)
+    meta, info = checkpoints.read_best(run_dir, task.template)
+    trained_keys = {_spec_key(s) for s in task_specs(cfg)}
+    formula = None
+    if distilled is not None:
+        from metarl.distill import load_formula
+        from metarl.tasks import build_task
 
-            entry = load_formula(run_dir, distilled)
-            formula = entry, build_task(dataclasses.replace(cfg, component=entry["component"]), task.specs)
-    except (ConfigError, checkpoints.CheckpointError) as err:
-        fail(str(err))
+        entry = load_formula(run_dir, distilled)
+        formula = entry, build_task(dataclasses.replace(cfg, component=entry["component"]), task.specs)
     on_train = [_spec_key(s) in trained_keys for s in task.specs]
     return cfg, task, on_train, meta, info, formula
 
@@ -116,11 +112,13 @@ def _spec_key(spec) -> tuple:
     return spec.env, spec.env_args, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
 
 
-def _train_sides(task, meta, keys, formula=None):
+def _train_sides(task, meta, keys, formula=None, mesh=None):
     """Per task, learning curves ``(seeds, updates)`` of each side (``side_labels``) on ``keys`` (each one
-    vmapped, jitted call), and the random policy's return per seed; returns
-    ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds)."""
+    vmapped, jitted call, its agents split over ``mesh``), and the random policy's return per seed;
+    returns ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds).
+    Agent i trains from key i however the agents are split."""
     import jax
+    from jax.sharding import PartitionSpec as P
 
     from metarl import compilation
     from metarl.inner_loops.envs import random_policy_return
@@ -134,63 +132,30 @@ def _train_sides(task, meta, keys, formula=None):
         for spec, train in zip(task.specs, per_task):
             programs[(spec.name, side)] = lambda k, train=train: train(k)[1]["episode_return"]
     # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
+    from metarl.progress import progress
+
     t = time.perf_counter()
-    lowered = {key: jax.jit(jax.vmap(fn)).lower(keys) for key, fn in programs.items()}
+    split = (lambda fn: fn) if mesh is None else (lambda fn: jax.shard_map(
+        fn, mesh=mesh, in_specs=P("pop"), out_specs=P("pop"), check_vma=False))
+    lowered = {key: jax.jit(split(jax.vmap(fn))).lower(keys) for key, fn in programs.items()}
     options = compilation.compiler_options()
-    with ThreadPoolExecutor(min(4, len(lowered))) as pool:
-        compiled = dict(zip(lowered, pool.map(lambda low: low.compile(options), lowered.values())))
+    with progress(f"compiling {len(lowered)} programs", total=len(lowered)) as bar, \
+            ThreadPoolExecutor(min(4, len(lowered))) as pool:
+        def compile_one(low):
+            program = low.compile(options)
+            bar.update()
+            return program
+
+        compiled = dict(zip(lowered, pool.map(compile_one, lowered.values())))
     compile_s = time.perf_counter() - t
     curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
-    for (name, side), run in compiled.items():
-        t = time.perf_counter()
-        curves[name][side] = np.asarray(jax.device_get(run(keys)), dtype=float)   # (seeds, updates) or (seeds,)
-        seconds[name][side] = time.perf_counter() - t
+    with progress(f"training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
+        for (name, side), run in compiled.items():
+            t = time.perf_counter()
+            curves[name][side] = np.asarray(jax.device_get(run(keys)), dtype=float)   # (seeds, updates) or (seeds,)
+            seconds[name][side] = time.perf_counter() - t
+            bar.update()
     return curves, seconds, compile_s
-
-
-def _process_count(num_processes, num_seeds: int) -> int:
-    """``auto``: ``METARL_NUM_PROCESSES`` if set, else one process per usable CPU core (at most one per
-    seed), or one with an accelerator."""
-    from metarl import hardware
-
-    if num_processes == "auto":
-        num_processes = os.environ.get("METARL_NUM_PROCESSES", "").strip() or "auto"
-    if num_processes == "auto":
-        return 1 if hardware.has_accelerator() else min(hardware.usable_cores(), num_seeds)
-    return min(int(num_processes), num_seeds)
-
-
-def _worker(job):
-    """One process's share: agents ``start:stop`` of every task and side, pinned to its own cores."""
-    load_args, num_seeds, start, stop, cores = job
-    if cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cores)  # before JAX starts XLA's thread pool in this fresh process
-    from metarl import compilation
-
-    compilation.enable_compilation_cache()
-    cfg, task, _, meta, _, formula = _load(*load_args)
-    _, keys = eval_keys(cfg.seed, num_seeds)
-    return _train_sides(task, meta, keys[start:stop], formula)
-
-
-def _train_sides_in_processes(processes, load_args: tuple, num_seeds):
-    """The agents split into ``processes`` contiguous blocks, one fresh process each, pinned to its own
-    cores before JAX starts (XLA sizes its thread pools by them), as ``metarl.launch`` does for a run.
-    Agent i still trains from key i, so the results do not depend on the split."""
-    import multiprocessing
-
-    from metarl.launch import core_sets
-
-    bounds = np.linspace(0, num_seeds, processes + 1).round().astype(int)
-    jobs = [(load_args, num_seeds, int(a), int(b), cores)
-            for (a, b), cores in zip(zip(bounds[:-1], bounds[1:]), core_sets(processes))]
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        parts = pool.map(_worker, jobs)
-    curves = {name: {side: np.concatenate([p[0][name][side] for p in parts]) for side in sides}
-              for name, sides in parts[0][0].items()}
-    seconds = {name: {side: max(p[1][name][side] for p in parts) for side in sides}
-               for name, sides in parts[0][1].items()}
-    return curves, seconds, max(p[2] for p in parts)
 
 
 def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> dict:
@@ -209,20 +174,29 @@ def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> di
 
 
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
-             total_timesteps: int | None = None, num_processes: int | str = "auto",
+             total_timesteps: int | None = None, num_cpu_devices: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None) -> dict:
-    from metarl import plots
+    """The evaluation's report (also written to RUN_DIR/evaluation[SUFFIX].json). ``num_cpu_devices``: as
+    a run's ``devices.num_cpu_devices``, set before JAX starts; once it has, the agents are split over
+    the devices it has. Bad input raises ``ConfigError`` (a ``ValueError``) naming the argument; a run
+    directory that cannot be read, ``ConfigError`` or ``CheckpointError``."""
+    from metarl import compilation, devices, plots
     from metarl.outer_loops.fitness import final_window_mean, spans
 
+    if tasks is not None and (env or total_timesteps):
+        raise ConfigError("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
+    if num_seeds < 2:
+        raise ConfigError(f"num_seeds: {num_seeds}; allowed: >= 2 (a confidence interval needs two)")
+    if total_timesteps is not None and total_timesteps <= 0:
+        raise ConfigError(f"total_timesteps: {total_timesteps}; allowed: > 0")
+    check_run_dir(run_dir)
+    compilation.enable_compilation_cache()
+    devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
-    load_args = (run_dir, env, total_timesteps, tasks, distilled)
-    cfg, task, on_train, meta, info, formula = _load(*load_args)
+    cfg, task, on_train, meta, info, formula = _load(run_dir, env, total_timesteps, tasks, distilled)
     root, keys = eval_keys(cfg.seed, num_seeds)
-    processes = _process_count(num_processes, num_seeds)
-    if processes == 1:
-        curves, seconds, compile_s = _train_sides(task, meta, keys, formula)
-    else:
-        curves, seconds, compile_s = _train_sides_in_processes(processes, load_args, num_seeds)
+    mesh = devices.population_mesh(num_seeds, fit=True)
+    curves, seconds, compile_s = _train_sides(task, meta, keys, formula, mesh)
 
     labels = side_labels(task, formula)
     learned_label, baseline_label = labels[:2]
@@ -256,7 +230,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
 
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
-        "num_seeds": num_seeds, "processes": processes, "key_root": root,
+        "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
         "best_generation": info.get("generation"), "best_fitness": info.get("fitness"),
         "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
         "normalized": "(R - random policy) / (baseline mean - random policy), per task",
@@ -360,18 +334,17 @@ _tasks_arg.expected = "non-empty list such as [CartPole-v1,Acrobot-v1]"
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     run_dir, opts = parse_args(argv, {"env": (str, None), "num_seeds": (int, 32), "total_timesteps": (int, None),
-                                      "num_processes": (at_least(1, "positive integer or auto", "auto"), "auto"),
+                                      "num_cpu_devices": (at_least(1, "positive integer or auto", "auto"), "auto"),
                                       "tasks": (_tasks_arg, None),
                                       "distilled": (at_least(0, "formula number K >= 0 of the run's distill.json"),
                                                     None)}, __doc__)
-    if opts["tasks"] is not None and (opts["env"] or opts["total_timesteps"]):
-        fail("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
-    if opts["num_seeds"] < 2:
-        fail(f"num_seeds: {opts['num_seeds']}; allowed: >= 2 (a confidence interval needs two)")
-    if opts["total_timesteps"] is not None and opts["total_timesteps"] <= 0:
-        fail(f"total_timesteps: {opts['total_timesteps']}; allowed: > 0")
-    report = evaluate(run_dir, opts["env"], opts["num_seeds"], opts["total_timesteps"], opts["num_processes"],
-                      opts["tasks"], opts["distilled"])
+    from metarl.checkpoints import CheckpointError  # loads JAX: --help and bad arguments are answered without it
+
+    try:
+        report = evaluate(run_dir, opts["env"], opts["num_seeds"], opts["total_timesteps"], opts["num_cpu_devices"],
+                          opts["tasks"], opts["distilled"])
+    except (ConfigError, CheckpointError) as err:
+        fail(str(err).splitlines()[0])
     print(format_report(report))
     return 0
 

@@ -16,7 +16,6 @@ from metarl import config as config_lib
 from metarl.cli import _refuse_search_change, check_existing, fail, refuse_chdir
 from metarl.config import CONFIG_FILE, ConfigError
 from metarl.inner_loops import plugins
-from metarl.launch import die_with_launcher
 from metarl.runlock import unique_dir
 
 SPECIAL_KEYS = ("experiment", "resume", "experiments_dir")
@@ -34,7 +33,6 @@ class CommandLine:
     """The command line, read before Hydra sees it: options, metarl's own keys, and overrides."""
 
     argv: list            # the command line as given
-    args: list            # every KEY=VALUE as given (metarl's keys too): what a run's processes are started with
     special: dict         # experiment, resume, experiments_dir
     overrides: list       # the rest: the run's settings and Hydra's (hydra.*, hydra/...)
     experiments_dir: Optional[str] = None   # special["experiments_dir"], checked and absolute
@@ -46,7 +44,7 @@ class CommandLine:
 
 
 def parse_command_line(argv: list[str]) -> CommandLine:
-    cli = CommandLine(argv=list(argv), args=[], special={}, overrides=[])
+    cli = CommandLine(argv=list(argv), special={}, overrides=[])
     rest = iter(argv)
     for arg in rest:
         name, eq, value = arg.partition("=")
@@ -73,12 +71,10 @@ def parse_command_line(argv: list[str]) -> CommandLine:
             if value not in ("RUN", "MULTIRUN"):
                 fail(f"hydra.mode: {value!r}; allowed: RUN, MULTIRUN (the same as -m)")
             cli.multirun = cli.multirun or value == "MULTIRUN"
+        elif name in SPECIAL_KEYS:
+            cli.special[name] = value
         else:
-            cli.args.append(arg)
-            if name in SPECIAL_KEYS:
-                cli.special[name] = value
-            else:
-                cli.overrides.append(arg)
+            cli.overrides.append(arg)
     cli.experiments_dir = config_lib.check_experiments_dir(cli.special.get("experiments_dir"))
     return cli
 
@@ -227,7 +223,6 @@ def _trainer_fields(inner: dict):
 
 
 def main(argv: list[str] | None = None) -> int:
-    die_with_launcher()  # a process of a local launch: ends with its parent, however that ends
     try:
         cli = parse_command_line(sys.argv[1:] if argv is None else argv)
         if cli.help:
@@ -246,11 +241,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return sweep.run(cli)
         cfg, run_dir, resuming, named = resolve(cli)
-        # The processes of a local launch compose the same config, in the same run directory.
-        child_args = cli.args if "resume" in cli.special else [*cli.args, f"run_dir={run_dir}"]
         from metarl.job import execute  # loads JAX: bad input above is answered without it
 
-        return execute(cfg, run_dir, resuming, named, child_args)
+        return execute(cfg, run_dir, resuming, named)
     except ConfigError as err:  # bad input: one line, exit code 2
         fail(str(err))
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from metarl.cli import EXIT_BAD_INPUT, FIGURES, fail  # noqa: F401 (FIGURES: part of this module's API)
-from metarl.config import ConfigError
+from metarl.config import CONFIG_FILE, ConfigError
 
 
 def parse_args(argv: list[str], allowed: dict, usage: str) -> tuple[Path, dict]:
@@ -39,11 +39,19 @@ def parse_args(argv: list[str], allowed: dict, usage: str) -> tuple[Path, dict]:
         except ValueError:
             expected = getattr(allowed[key][0], "expected", allowed[key][0].__name__)
             fail(f"{key}: {value!r} is not a valid {expected}")
-    if not run_dir.is_dir():
-        fail(f"{run_dir}: no such directory")
-    if not (run_dir / "config.yaml").is_file():
-        fail(f"{run_dir}: not a metarl run directory (no config.yaml)")
+    try:
+        check_run_dir(run_dir)
+    except ConfigError as err:
+        fail(str(err))
     return run_dir, options
+
+
+def check_run_dir(run_dir: str | Path) -> None:
+    """A run directory to read: ``ConfigError`` if it is none."""
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"{run_dir}: no such directory")
+    if not (Path(run_dir) / CONFIG_FILE).is_file():
+        raise ConfigError(f"{run_dir}: not a metarl run directory (no {CONFIG_FILE})")
 
 
 def at_least(least: int, expected: str, word: str | None = None):

@@ -2,8 +2,7 @@
 of a public API."""
 from __future__ import annotations
 
-from jax._src import distributed
-from jax._src.lib import xla_client
+from jax._src import distributed, xla_bridge
 
 
 def coordination_client():
@@ -12,7 +11,7 @@ def coordination_client():
     return distributed.global_state.client
 
 
-def topology(devices) -> bytes:
-    """The serialized topology of ``devices`` (target, CPU features), which keys a shared executable.
-    JAX has no public API that describes the compilation target."""
-    return xla_client.get_topology_for_devices(devices).serialize()
+def backends_started() -> bool:
+    """Whether JAX has started its backends in this process, after which its CPU device count is fixed.
+    JAX has no public query for it (setting ``jax_num_cpu_devices`` then raises)."""
+    return xla_bridge.backends_are_initialized()

@@ -10,12 +10,11 @@ from typing import Any
 import jax
 
 from metarl import config as config_lib
-from metarl import devices, hardware, runlock
+from metarl import devices, runlock
 from metarl.checkpoints import CheckpointError
 from metarl.cli import check_existing, fail
 from metarl.config import CONFIG_FILE, ConfigError
-from metarl.launch import launch
-from metarl.logger import check_mlflow_installed, say
+from metarl.logger import check_mlflow, say
 from metarl.tasks import build_task, check_memory
 
 
@@ -32,17 +31,16 @@ def _fingerprint(run_dir: Path):
     return stamp(run_dir / CONFIG_FILE), stamp(run_dir / "metrics.jsonl"), steps
 
 
-def check_run(cfg, setup_devices: bool = True, task: Any = None) -> tuple[Any, bool, int]:
+def check_run(cfg, setup_devices: bool = True, task: Any = None) -> Any:
     """Every check of a run's settings that needs no run directory, reading only (``ConfigError`` or
-    ``ValueError``, one line). Returns ``(task, local_launch, num_processes)``: the run's task, built
-    once; whether this process starts the run's processes and waits for them; how many.
+    ``ValueError``, one line). Returns the run's task, built once.
 
-    ``setup_devices``: join the run's processes (``devices.setup``) first, as a run must before any
-    JAX computation; a sweep checking its jobs before they start does not. ``task``: already built."""
-    check_mlflow_installed(cfg.logger.mlflow)
-    local_launch = devices.needs_local_launch(cfg.devices, cfg.es.popsize)
-    if setup_devices and not local_launch:
-        devices.setup(cfg.devices, cfg.es.popsize)  # before any JAX computation
+    ``setup_devices``: this process's devices (``devices.setup``) first, as a run must before any
+    JAX computation; a sweep checking its jobs before they start has set them up already. ``task``:
+    already built."""
+    check_mlflow(cfg.logger.mlflow)
+    if setup_devices:
+        devices.setup(cfg.devices)  # before any JAX computation
     cfg.es.validate()
     task = task or build_task(cfg)
     if not jax.tree.leaves(task.template):
@@ -50,61 +48,47 @@ def check_run(cfg, setup_devices: bool = True, task: Any = None) -> tuple[Any, b
                           "returns an empty pytree), so there is nothing to evolve; allowed: a component with "
                           "meta-parameters (a fixed one, such as a distilled formula, trains through "
                           "`python -m metarl.evaluate RUN_DIR distilled=K` or in code)")
-    num_processes = devices.distributed_settings(cfg.devices, cfg.es.popsize)[0]
-    if local_launch:  # each process gets this one's CPU devices (one, unless JAX_NUM_CPU_DEVICES says more)
-        devices.check_divides(cfg.es.popsize, num_processes * jax.local_device_count())
-    else:
-        devices.population_mesh(cfg.es.popsize)
-    check_memory(cfg, task, hardware.memory_per_device(),
-                 hardware.members_per_memory(cfg.es.popsize, num_processes if local_launch else 1))
-    return task, local_launch, num_processes
+    devices.run_mesh(cfg)
+    check_memory(cfg, task, devices.memory_per_device(), devices.members_per_memory(cfg.es.popsize))
+    return task
 
 
-def execute(cfg, run_dir: Path, resuming: bool, named: bool, child_args: list[str], task: Any = None) -> int:
+def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -> int:
     """One run, from its checked config to its end: the remaining checks, the run directory's lock,
-    then the run itself (here, or in the processes it starts with ``child_args``); its exit code."""
+    then the run itself; its exit code."""
     # 1. Every check, reading only, the checkpoint a resume starts from included.
     try:
-        task, local_launch, num_processes = check_run(cfg, task=task)
+        task = check_run(cfg, task=task)
         # evosax, which the runner imports, starts JAX's backends: only after check_run's devices.setup.
         from metarl import runner
 
         before = _fingerprint(run_dir)
-        prepared = None if local_launch else runner.prepare(cfg, run_dir, task=task)
-        if local_launch and (run_dir / "ckpt").is_dir():  # the children restore it; the parent only checks it can
-            runner.prepare(cfg, run_dir, mesh=None, task=task)
+        prepared = runner.prepare(cfg, run_dir, task=task)
     except (ConfigError, ValueError, CheckpointError) as err:
         fail(str(err).splitlines()[0])
 
     # 2. The run directory, exclusively: a second run on it is refused here, having changed nothing.
     lock, refused = None, None
-    if local_launch or jax.process_index() == 0:
+    if jax.process_index() == 0:
         try:
             lock = runlock.acquire(run_dir) if named or resuming else runlock.acquire_new(run_dir)
         except runlock.RunDirLocked as err:
             refused = str(err)
     try:
-        stop = refused is not None
-        if not local_launch:  # every process of a multi-host run stops, not only process 0 (the rest would wait)
-            stop = bool(devices.agree(int(stop), "run_dir_lock"))
-        if stop:
+        # Every process of a multi-host run stops, not only process 0 (the rest would wait).
+        if devices.agree(int(refused is not None), "run_dir_lock"):
             fail(refused or f"run_dir: {run_dir} is in use by another run (see process 0)")
         if lock is not None:
             if lock.run_dir != run_dir:  # a default name taken by a run started in the same second
                 run_dir = lock.run_dir
                 cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-                child_args = [*child_args, f"run_dir={run_dir}"]
             elif _fingerprint(run_dir) != before:
                 # Another run wrote here between the checks and the lock (and has ended): check again.
                 try:
                     check_existing(cfg, run_dir)
-                    if not local_launch:
-                        prepared = runner.prepare(cfg, run_dir, task=task)
+                    prepared = runner.prepare(cfg, run_dir, task=task)
                 except CheckpointError as err:
                     fail(str(err).splitlines()[0])
-
-        if local_launch:  # every process gets the same arguments and the same run directory, and the lock
-            return launch(child_args, num_processes, lock=lock, verbose=cfg.logger.verbose)
 
         if jax.process_index() == 0:
             config_lib.save(cfg, run_dir)

@@ -207,18 +207,27 @@ def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
     return f"sqlite:///{folder / STORE_DB}", str(folder / STORE_ARTIFACTS)
 
 
-def check_mlflow_installed(section: MlflowSection) -> None:
+def check_mlflow(section: MlflowSection) -> None:
     """``ConfigError`` if ``logger.mlflow.mode=enabled`` and MLflow cannot be imported (or, for a local
-    store, the SQL packages it needs): checked with the run's settings, before anything is written."""
+    store, the SQL packages it needs), or refuses a ``file:`` store (MLflow 3 retired the file store):
+    checked with the run's settings, before anything is written."""
     if section.mode != "enabled":
         return
-    needed = ["mlflow"]
-    if mlflow_store(section.tracking_uri)[0].startswith("sqlite:"):
-        needed += ["sqlalchemy", "alembic"]
+    uri = mlflow_store(section.tracking_uri)[0]
+    needed = ["mlflow"] + (["sqlalchemy", "alembic"] if uri.startswith("sqlite:") else [])
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
         raise ConfigError(f"logger.mlflow.mode: enabled, but {', '.join(missing)} cannot be imported; allowed: "
                           "disabled, or enabled after pip install \"metarl[mlflow]\"")
+    if uri.startswith("file:"):  # opening a file store writes nothing; MLflow 3 refuses it unless told otherwise
+        import mlflow
+
+        try:
+            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+        except Exception as err:
+            raise ConfigError(f"logger.mlflow.tracking_uri: {section.tracking_uri} is a store MLflow refuses "
+                              f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); allowed: a folder (a "
+                              "local store metarl keeps in it), sqlite:///PATH or http://HOST:PORT") from None
 
 
 class MlflowRun:

@@ -13,8 +13,9 @@ import numpy as np
 
 from metarl import checkpoints, compilation, devices, figures, scores
 from metarl.config import RunConfig
-from metarl.launch import stop_signals_to
+from metarl.cli import stop_signals_to
 from metarl.logger import Logger, truncate_metrics
+from metarl.progress import progress
 from metarl.tasks import Task
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
 
@@ -55,7 +56,8 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
                     wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
                     mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
     logger.catch_up(history)
-    reference = scores.run_reference(cfg, task, run_dir, write=is_main, message=logger.message)
+    reference = scores.run_reference(cfg, task, run_dir, write=is_main, message=logger.message,
+                                     shown=cfg.logger.progress and is_main)
     if reference is not None:  # the same state, scored against the reference
         task, evo = scores.build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
 
@@ -72,12 +74,14 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     if ckpt.removed_incomplete:
         logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
 
+    shown = cfg.logger.progress and is_main  # progress bars on a terminal (metarl.progress)
     t0 = time.perf_counter()
-    step = compilation.compile_once(evo.step, state)  # one compilation per run, timed on its own
+    with progress("compiling the generation", enabled=shown):
+        step = compilation.compile_program(evo.step, state)  # one compilation per run, timed on its own
     compile_s = time.perf_counter() - t0
     devices.barrier("compiled")  # processes compile at different speeds; the first collective waits 30 s
     logger.message(f"compiled the generation in {compile_s:.1f} s; {frames_per_gen:,} frames per generation "
-                   f"on {jax.device_count()} device(s)")
+                   f"on {evo.mesh.size if evo.mesh else 1} device(s)")
 
     best_so_far = float(state.best_fitness)
     if cfg.fitness.num_seeds == 1:
@@ -93,8 +97,9 @@ def run(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", prepared: Optio
     with stop_signals_to(on_stop):
         for done in range(start + 1, cfg.es.generations + 1):
             t = time.perf_counter()
-            state, stats = step(state)
-            stats = jax.device_get(stats)
+            with progress(f"generation {done}/{cfg.es.generations}", enabled=shown):
+                state, stats = step(state)
+                stats = jax.device_get(stats)
             record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)
             history.append(record)
             logger.log(record)

@@ -15,6 +15,7 @@ import numpy as np
 
 from metarl import compilation, devices
 from metarl.checkpoints import atomic_write
+from metarl.progress import progress
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.evolution import Evolution
 from metarl.outer_loops.fitness import degenerate, make_aggregate, spans, task_key
@@ -32,7 +33,7 @@ def build_evolution(cfg, task=None, mesh: Any = "auto", reference: Optional[dict
     that ``fitness.normalize=baseline`` scores against (None: raw returns)."""
     task = task or build_task(cfg)
     if mesh == "auto":
-        mesh = devices.population_mesh(cfg.es.popsize)
+        mesh = devices.run_mesh(cfg)
     evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
                     init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
                     describe_search=task.describe_search,
@@ -49,15 +50,18 @@ def normalization(cfg, num_tasks: int) -> str:
     return "baseline" if num_tasks > 1 else "none"
 
 
-def run_reference(cfg, task, run_dir: Path, write: bool, message: Callable[[str], None]) -> Optional[dict]:
+def run_reference(cfg, task, run_dir: Path, write: bool, message: Callable[[str], None],
+                  shown: bool = False) -> Optional[dict]:
     """The reference a run normalises against (None without ``normalize=baseline``): the one stored in
-    its directory, or measured now (and stored, with ``write``), then described through ``message``."""
+    its directory, or measured now (and stored, with ``write``; ``shown``: with a progress bar), then
+    described through ``message``."""
     if normalization(cfg, len(task.specs)) != "baseline":
         return None
     reference = load_reference(run_dir, task.names)
     if reference is None:
         t = time.perf_counter()
-        reference = measure_reference(task, cfg.seed, cfg.fitness.reference_seeds)
+        with progress("measuring the reference returns", total=2 * len(task.specs), enabled=shown) as bar:
+            reference = measure_reference(task, cfg.seed, cfg.fitness.reference_seeds, bar.update)
         if write:
             save_reference(run_dir, reference)
         message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
@@ -69,10 +73,11 @@ def run_reference(cfg, task, run_dir: Path, write: bool, message: Callable[[str]
     return reference
 
 
-def measure_reference(task, seed: int, num_seeds: int) -> dict:
+def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], Any] = lambda: None) -> dict:
     """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds, with its
     95% t-interval (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from
-    ``fitness.task_key(key, i)`` of each seed key, as a member and the control do."""
+    ``fitness.task_key(key, i)`` of each seed key, as a member and the control do. ``measured`` is
+    called after each of the ``2 * tasks`` measurements."""
     root = jax.random.key(seed)
     base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
     low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
@@ -87,6 +92,7 @@ def measure_reference(task, seed: int, num_seeds: int) -> dict:
             values = np.asarray(task.statistic(values)) if name == "base" else values
             reference[name].append(float(values.mean()))
             reference[name + "_ci"].append([float(b) for b in t_interval(values)])
+            measured()
     return reference
 
 

@@ -28,9 +28,8 @@ from omegaconf.errors import OmegaConfBaseException
 from metarl import config as config_lib
 from metarl import compilation, devices, runlock
 from metarl.checkpoints import atomic_write
-from metarl.cli import EXIT_BAD_INPUT, fail, refuse_chdir
+from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, fail, refuse_chdir
 from metarl.job import check_existing, check_run, execute
-from metarl.launch import STOP_SIGNALS, worst_code
 from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -62,7 +61,6 @@ class SweepJob:
     """The task function Hydra's launcher calls for each job (pickled by launchers that run jobs in other
     processes: it holds plain strings only)."""
 
-    experiment: str
     experiments_dir: Optional[str]
 
     def __call__(self, composed) -> float:
@@ -74,24 +72,20 @@ class SweepJob:
         row = {"job": num, "overrides": " ".join(overrides), "exit_code": None, "run_dir": str(run_dir)}
         _write_json(record, row)  # a job killed outright stays in the summary, without an exit code
         print(f"\nsweep job {num}: {row['overrides'] or '(no overrides)'}", flush=True)
-        row["exit_code"] = self.run(composed, run_dir, given, overrides)
+        row["exit_code"] = self.run(composed, run_dir, given)
         _write_json(record, row)
         if row["exit_code"] in STOPPED:
             raise SweepStopped(row["exit_code"])
         best = _results(run_dir)["best"]
         return math.nan if best is None else best
 
-    def run(self, composed, run_dir: Path, given: list[str], overrides: list[str]) -> int:
+    def run(self, composed, run_dir: Path, given: list[str]) -> int:
         try:
             cfg = dataclasses.replace(config_lib.from_composed(composed, self.experiments_dir), run_dir=str(run_dir))
             cached = _CHECKED.get(tuple(given))
             task = cached[1] if cached is not None and cached[0] == cfg else None
             resuming = check_existing(cfg, run_dir)
-            # The job's own command line: what its processes are started with in a local launch.
-            child_args = [f"experiment={self.experiment}",
-                          *([f"experiments_dir={self.experiments_dir}"] if self.experiments_dir else []),
-                          *overrides, f"run_dir={run_dir}"]
-            return execute(cfg, run_dir, resuming, named=True, task=task, child_args=child_args)
+            return execute(cfg, run_dir, resuming, named=True, task=task)
         except config_lib.ConfigError as err:
             print(f"error: {err}", file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
@@ -100,6 +94,13 @@ class SweepJob:
         except Exception:  # a failure of this job only: the sweep goes on to the next
             traceback.print_exc()
             return 1
+
+
+def worst_code(codes: list[int]) -> int:
+    """The exit code that says the most: a failure over success, the higher over the lower. A job
+    killed by a signal has a negative code; it is reported the way a shell would."""
+    codes = [128 - c if c < 0 else c for c in codes]
+    return max(codes, key=lambda c: (c != 0, c))
 
 
 def _write_json(path: Path, data) -> None:
@@ -164,14 +165,13 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
             cfg = dataclasses.replace(config_lib.from_composed(job_cfg, experiments_dir), run_dir=str(run_dir))
             if known:
                 check_existing(cfg, run_dir)
-            if in_process:
-                number, coordinator, process_id = devices.distributed_settings(cfg.devices, cfg.es.popsize)
-                if number > 1 and (coordinator is not None or process_id is not None):
-                    fail("devices.num_processes: this process would join a multi-process run for each job, and a "
-                         "process joins one only; allowed: devices.num_processes=auto|N on one machine (each "
-                         "job starts its own processes), or a launcher that runs each job in processes of its "
-                         "own (hydra/launcher=submitit_slurm)")
-            task = check_run(cfg, setup_devices=False)[0]
+            if in_process and devices.distributed_settings(cfg.devices)[0] > 1:
+                fail("devices.num_processes: this process would join a multi-host run for each job, and a "
+                     "process joins one only; allowed: 1 or auto (one process on this machine uses every "
+                     "core), or a launcher that runs each job in processes of its own "
+                     "(hydra/launcher=submitit_slurm)")
+            devices.use_cpu_cores(cfg.devices.num_cpu_devices)  # before JAX starts; the jobs share them
+            task = check_run(cfg, setup_devices=False)
             if known:
                 _CHECKED[tuple(job)] = (cfg, task)
             checked_cfgs.append(cfg)
@@ -265,7 +265,7 @@ def _run(cli, app, overrides: list[str], named: bool) -> int:
     if parent is not None and parent.active:
         os.environ[PARENT_RUN_ENV] = parent.run_id
     try:
-        app.multirun(config_name=experiment, task_function=SweepJob(experiment, experiments_dir),
+        app.multirun(config_name=experiment, task_function=SweepJob(experiments_dir),
                      overrides=config_lib.hydra_args(overrides, experiments_dir),
                      with_log_configuration=False)
     except SweepStopped as stop:

@@ -32,9 +32,9 @@ def env_vars():
     env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS_DIR, env.get("PYTHONPATH")) if p)
     env.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
     env["WANDB_MODE"] = "disabled"
-    # One process per run unless a test asks for more: `devices.num_processes=auto` (the default)
-    # would start one per core, and the suite already runs one test per core.
-    env.setdefault("METARL_NUM_PROCESSES", "1")
+    # One CPU device per run unless a test asks for more: `devices.num_cpu_devices=auto` (the default)
+    # would make one per core, and the suite already runs one test per core.
+    env.setdefault("JAX_NUM_CPU_DEVICES", "1")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

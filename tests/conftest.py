@@ -7,9 +7,9 @@ from clihelp import TEST_XLA_FLAGS
 os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
-# One process per CLI run or evaluation unless a test asks for more: `auto` (the default) would start
-# one per core, and pytest-xdist already runs one test per core.
-os.environ.setdefault("METARL_NUM_PROCESSES", "1")
+# One CPU device per CLI run or evaluation unless a test asks for more: `auto` (the default) would
+# make one per core, and pytest-xdist already runs one test per core.
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", "1")
 
 # One compilation cache for the whole session: the CLI tests run the same tiny program in many
 # subprocesses, and only the first has to compile it.

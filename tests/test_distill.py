@@ -164,6 +164,17 @@ def test_refusals_are_one_line(run, tmp_path, capsys):
     assert "distill.json does not exist" in _exit_2(evaluate.main, [str(copy), "distilled=0"], capsys)
     (copy / distill.DISTILL_JSON).write_text(json.dumps({"front": [{"k": 0}, {"k": 1}]}))
     assert "distilled: 99; allowed: 0 to 1" in _exit_2(evaluate.main, [str(copy), "distilled=99"], capsys)
+    # Called as library functions, they raise (a user's own process goes on) with the same one line.
+    with pytest.raises(ConfigError, match=r"^distilled: 99; allowed: 0 to 1"):
+        evaluate.evaluate(copy, distilled=99)
+    with pytest.raises(ConfigError, match=r"^num_seeds: 1; allowed: >= 2"):
+        evaluate.evaluate(copy, num_seeds=1)
+    with pytest.raises(ConfigError, match=r"no such directory$"):
+        evaluate.evaluate(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"^max_size: 1; allowed: >= 3$"):
+        distill.distill(run, max_size=1)
+    with pytest.raises(ConfigError, match=r"^generation: 7 has no kept checkpoint"):
+        distill.distill(run, generation=7)
     # A formula has nothing to evolve: the run is refused before it starts.
     cfg = results.load_config(run)
     formula = {"kind": "value_loss", "_target_": KINDS["value_loss"].formula, "expression": "error**2"}

@@ -41,8 +41,8 @@ def test_the_custom_env_example_runs_as_written_from_a_fresh_directory(tmp_path)
     work.mkdir()
     shutil.copy(EXAMPLE, work)
     run_dir = tmp_path / "run"
-    # Two processes, each of which must import corridor.py from the directory the run started in.
-    evolve([*example_command("metarl.evolve"), *TINY, "devices.num_processes=2",
+    # Two devices: corridor.py is imported from the directory the run started in.
+    evolve([*example_command("metarl.evolve"), *TINY, "devices.num_cpu_devices=2",
             f"run_dir={run_dir}"], cwd=work, check=True)
     saved = config_lib.read_saved(run_dir)
     assert saved["env"] == {"_target_": "corridor.Corridor", "length": 6}
@@ -161,7 +161,7 @@ def test_evaluate_reports_the_brax_and_grid_suite_tasks(tmp_path):
     held_out = [{"env": {"_target_": "Brax", "env_name": "inverted_pendulum", "max_steps_in_episode": 8},
                  "name": "brax"},
                 {"env": {"_target_": "XMiniGrid", "env_id": "MiniGrid-Empty-5x5", "max_steps": 8}, "name": "grid"}]
-    report = evaluate.evaluate(tmp_path / "run", num_seeds=2, num_processes=1, tasks=held_out)
+    report = evaluate.evaluate(tmp_path / "run", num_seeds=2, tasks=held_out)
     rows = {row["task"]: row for row in report["tasks"]}
     assert set(rows) == {"brax", "grid"}
     for row in rows.values():

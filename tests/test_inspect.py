@@ -135,11 +135,14 @@ def test_evaluate_on_trained_and_held_out_tasks(runs, capsys):
 
 
 @pytest.mark.timeout(600)
-def test_evaluate_split_over_two_processes_gives_the_same_agents(runs):
+def test_evaluate_split_over_two_devices_gives_the_same_agents(runs):
     run = runs["value_loss"]
-    one = evaluate.evaluate(run, num_seeds=4, total_timesteps=64, num_processes=1)
-    two = evaluate.evaluate(run, num_seeds=4, total_timesteps=64, num_processes=2)
-    assert one["processes"] == 1 and two["processes"] == 2
+    one = evaluate.evaluate(run, num_seeds=4, total_timesteps=64)  # this process has one CPU device
+    proc = subprocess.run([sys.executable, "-m", "metarl.evaluate", str(run), "num_seeds=4", "total_timesteps=64",
+                           "num_cpu_devices=2"], env=env_vars(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads(Path(one["json"]).read_text())
+    assert one["devices"] == 1 and two["devices"] == 2
     for label, side in one["tasks"][0]["sides"].items():
         np.testing.assert_allclose(two["tasks"][0]["sides"][label]["final_returns"], side["final_returns"],
                                    rtol=1e-5)

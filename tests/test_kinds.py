@@ -94,7 +94,7 @@ def test_a_kind_added_by_one_registration_runs_end_to_end(step_scale_kind, tmp_p
     paths = figures.write_figures(run_dir)
     assert run_dir / "figures" / "step_scale.png" in paths and (run_dir / "figures" / "step_scale.png").is_file()
 
-    report = evaluate.evaluate(run_dir, num_seeds=2, num_processes=1)
+    report = evaluate.evaluate(run_dir, num_seeds=2)
     assert report["kind"] == "step_scale"
     sides = report["tasks"][0]["sides"]
     assert set(sides) == {"learned step_scale", "baseline: unscaled lr"}
@@ -132,12 +132,12 @@ def test_a_kind_named_by_its_dotted_path_runs_through_the_command_line(tmp_path)
     from clihelp import evolve, run_module
 
     (tmp_path / "exps").mkdir()
-    cli_run = {**RUN, "component": {"kind": "test_kinds.STEP_SCALE"}, "devices": {"num_processes": 1}}
+    cli_run = {**RUN, "component": {"kind": "test_kinds.STEP_SCALE"}, "devices": {"num_cpu_devices": 1}}
     (tmp_path / "exps" / "step_scale.yaml").write_text(yaml.safe_dump(cli_run))
     evolve(["experiments_dir=exps", "experiment=step_scale", "run_dir=run"], cwd=tmp_path, check=True)
     run_module("metarl.inspect", ["run"], cwd=tmp_path, check=True)
     assert (tmp_path / "run" / "figures" / "step_scale.png").is_file()
-    run_module("metarl.evaluate", ["run", "num_seeds=2", "num_processes=1"], cwd=tmp_path, check=True)
+    run_module("metarl.evaluate", ["run", "num_seeds=2", "num_cpu_devices=1"], cwd=tmp_path, check=True)
     report = json.loads(next((tmp_path / "run").rglob("evaluation*.json")).read_text())
     assert report["kind"] == "test_kinds.STEP_SCALE"
     assert set(report["tasks"][0]["sides"]) == {"learned test_kinds.STEP_SCALE", "baseline: unscaled lr"}

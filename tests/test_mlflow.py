@@ -158,6 +158,19 @@ def test_mlflow_asked_for_but_not_installed_exits_2_having_written_nothing(tmp_p
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.timeout(120)
+def test_a_file_store_mlflow_refuses_exits_2_having_written_nothing(tmp_path):
+    before = snapshot(tmp_path)
+    proc = evolve(["experiment=value_loss", *TINY, "run_dir=run", "logger.mlflow.mode=enabled",
+                   f"logger.mlflow.tracking_uri=file:{tmp_path / 'mlruns'}"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: logger.mlflow.tracking_uri: file:{tmp_path / 'mlruns'} "
+                                                   "is a store MLflow refuses (MlflowException: "), lines
+    assert lines[0].endswith("allowed: a folder (a local store metarl keeps in it), sqlite:///PATH or http://HOST:PORT")
+    assert snapshot(tmp_path) == before
+
+
 def test_unreachable_server_costs_one_quick_failure_and_one_warning(tmp_path, monkeypatch):
     for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
         monkeypatch.setenv(name, "")  # so that the value metarl sets is undone after the test

@@ -1,0 +1,55 @@
+"""Long waits show progress on a terminal (tqdm, on stderr), and nothing when stderr is not one."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from clihelp import TINY, env_vars
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs a pseudo-terminal")
+
+
+def on_a_terminal(args, cwd) -> tuple[str, str]:
+    """``python ARGS`` with stderr on a pseudo-terminal of 24 x 120: (stdout, what the terminal showed)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new one has no width
+    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env_vars(), stdout=subprocess.PIPE,
+                            stderr=child)
+    os.close(child)
+    shown = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # EIO: the process has closed the terminal
+            break
+        if not data:
+            break
+        shown.append(data)
+    os.close(main)
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=60) == 0, b"".join(shown).decode(errors="replace")
+    return out, b"".join(shown).decode(errors="replace")
+
+
+@pytest.mark.timeout(400)
+def test_a_run_and_its_evaluation_show_their_waits_on_a_terminal(tmp_path):
+    run_dir = tmp_path / "run"
+    out, shown = on_a_terminal(["-m", "metarl.evolve", "experiment=value_loss", *TINY, "es.generations=2",
+                                f"run_dir={run_dir}"], tmp_path)
+    assert "compiling the generation" in shown and "generation 2/2" in shown, shown
+    assert "gen    2/2 |" in out and "compiling" not in out  # the bars stay off stdout
+    out, shown = on_a_terminal(["-m", "metarl.evaluate", str(run_dir), "num_seeds=2", "total_timesteps=64"],
+                               tmp_path)
+    assert "compiling 3 programs" in shown and "training 2 agents per task and side" in shown, shown
+    assert "IQM" in out or "learned" in out
+    # Not on a terminal (a pipe, a log file): no bar, stderr stays empty.
+    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", "experiment=value_loss", *TINY,
+                           "es.generations=2", f"run_dir={tmp_path / 'piped'}"], cwd=tmp_path, env=env_vars(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
