@@ -118,7 +118,7 @@ def _train_sides(task, meta, keys, formula=None, mesh=None):
     returns ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds).
     Agent i trains from key i however the agents are split."""
     import jax
-    from jax.sharding import PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec as P
 
     from metarl import compilation
     from metarl.inner_loops.envs import random_policy_return
@@ -135,9 +135,11 @@ def _train_sides(task, meta, keys, formula=None, mesh=None):
     from metarl.progress import progress
 
     t = time.perf_counter()
-    split = (lambda fn: fn) if mesh is None else (lambda fn: jax.shard_map(
-        fn, mesh=mesh, in_specs=P("pop"), out_specs=P("pop"), check_vma=False))
-    lowered = {key: jax.jit(split(jax.vmap(fn))).lower(keys) for key, fn in programs.items()}
+    # The agents split over the mesh by XLA's partitioner (jit with shardings): shard_map and pmap of
+    # SpaceInvaders-MinAtar's training crashed XLA's compiler (a segmentation fault) with jax 0.11.2.
+    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
+                                     "out_shardings": NamedSharding(mesh, P("pop"))}
+    lowered = {key: jax.jit(jax.vmap(fn), **split).lower(keys) for key, fn in programs.items()}
     options = compilation.compiler_options()
     with progress(f"compiling {len(lowered)} programs", total=len(lowered)) as bar, \
             ThreadPoolExecutor(min(4, len(lowered))) as pool:
