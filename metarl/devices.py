@@ -51,12 +51,13 @@ def use_cpu_cores(num_cpu_devices: int | str = "auto") -> None:
                     for setting in CPU_DEVICE_SETTINGS):
         return
     count = usable_cores() if auto else int(num_cpu_devices)
-    if not jax_private.backends_started():
+    try:
         jax.config.update("jax_num_cpu_devices", count)
-    elif not auto and len(jax.local_devices(backend="cpu")) != count:
-        raise ValueError(f"devices.num_cpu_devices: {count}, but JAX has started in this process with "
-                         f"{len(jax.local_devices(backend='cpu'))} CPU devices; allowed: auto, or a count set "
-                         "before JAX starts")
+    except RuntimeError:  # JAX has started its backends: the devices it has stay
+        if not auto and len(jax.local_devices(backend="cpu")) != count:
+            raise ValueError(f"devices.num_cpu_devices: {count}, but JAX has started in this process with "
+                             f"{len(jax.local_devices(backend='cpu'))} CPU devices; allowed: auto, or a count "
+                             "set before JAX starts") from None
 
 
 def population_mesh(popsize: int, fit: bool = False):

@@ -2,7 +2,7 @@
 of a public API."""
 from __future__ import annotations
 
-from jax._src import distributed, xla_bridge
+from jax._src import distributed
 
 
 def coordination_client():
@@ -10,8 +10,3 @@ def coordination_client():
     no public accessor for it (``jax.distributed`` exposes only initialize/shutdown)."""
     return distributed.global_state.client
 
-
-def backends_started() -> bool:
-    """Whether JAX has started its backends in this process, after which its CPU device count is fixed.
-    JAX has no public query for it (setting ``jax_num_cpu_devices`` then raises)."""
-    return xla_bridge.backends_are_initialized()

@@ -107,16 +107,9 @@ def test_two_processes_joined_as_hosts_match_one_device(tmp_path, one_device):
     procs = [subprocess.Popen([sys.executable, "-m", "metarl.evolve", *ARGS, "devices.num_cpu_devices=1",
                                f"run_dir={run_dir}"], cwd=tmp_path, env={**env, "METARL_PROCESS_ID": str(i)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=360) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
-    assert "on 2 device(s)" in outs[0][0] and outs[0][0].count("done:") == 1
-    assert "run directory:" not in outs[1][0] and "done:" not in outs[1][0]
+    first, second = finish_all(procs)
+    assert "on 2 device(s)" in first and first.count("done:") == 1
+    assert "run directory:" not in second and "done:" not in second
     assert_same_run(one_device, run_dir)
 
 
@@ -136,6 +129,19 @@ def test_population_that_does_not_divide_is_refused_at_start(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "error: es.popsize: 6 does not divide over 4 devices; allowed: a multiple of 4 (such as 4 or 8)"]
     assert not (tmp_path / "checkpoints").exists()
+
+
+def finish_all(procs: list) -> list[str]:
+    """Wait for every process (each killed if the wait fails); each one's stdout, all having exited 0."""
+    try:
+        outs = [p.communicate(timeout=360) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
+    return [out for out, _ in outs]
 
 
 def test_a_population_too_small_for_the_devices_names_one_multiple():
@@ -214,15 +220,7 @@ def test_two_auto_runs_at_once_both_finish(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-m", "metarl.evolve", *ARGS, f"run_dir={tmp_path / name}"],
                               cwd=tmp_path, env=auto_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for name in ("a", "b")]
-    try:
-        outs = [p.communicate(timeout=360) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, f"exit {p.returncode}\n{out}\n{err[-3000:]}"
-        assert "on 2 device(s)" in out
+    assert all("on 2 device(s)" in out for out in finish_all(procs))
     assert records(tmp_path / "a") == records(tmp_path / "b")
 
 
