@@ -1,12 +1,12 @@
 """A value loss of your own: train PPO with it directly, or evolve it with the CLI by naming it.
 
     python examples/custom_value_loss.py          # the inner loop only: Huber against PPO's default, 4 seeds
-    python -m metarl.evolve experiments_dir=examples/experiments experiment=huber_value_loss
+    python -m metarl.evolve --config-dir examples/experiments experiment=huber_value_loss
 
 A component is any object with ``init(key)`` (its meta-parameters) and ``apply(meta_params, ...)``.
 Here: a Huber value loss whose width ``delta`` is a meta-parameter, ``delta_init * exp(log_delta)``;
 ``delta_init`` is a constructor argument, set from the config (``component.delta_init=2.0``).
-The second command evolves ``log_delta`` (``examples/experiments/huber_value_loss.yaml`` names this
+The second command evolves ``log_delta`` (``examples/experiments/experiment/huber_value_loss.yaml`` names this
 class with ``component._target_``); run it from the repository root, so ``examples`` is importable.
 """
 import dataclasses

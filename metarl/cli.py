@@ -38,12 +38,6 @@ def stop_signals_to(handler):
             signal.signal(sig, previous)
 
 
-def refuse_chdir(composed) -> None:
-    if composed.hydra.job.chdir:
-        fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "
-             "started in)")
-
-
 def check_existing(cfg, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses one of another
     config, or a directory that is not a run's (``ConfigError``: a path that cannot become one)."""

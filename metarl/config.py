@@ -4,11 +4,12 @@ says what is allowed (``ConfigError``); nothing is compiled before the config is
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
 import os
+import re
+import time
 import typing
 from pathlib import Path
 from typing import Optional
@@ -22,24 +23,7 @@ EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
 CONFIG_FILE = "config.yaml"   # a run directory's resolved config: what resume, inspect and evaluate read
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
-RESUMABLE_FIELDS = ("run_dir", "experiments_dir", "eval_tasks", "es.generations", "checkpoint", "logger", "devices")
-
-
-def available_experiments(experiments_dir: Optional[str] = None) -> list[str]:
-    """Shipped experiments, plus the YAML files of a user's own ``experiments_dir``."""
-    dirs = [EXPERIMENTS_DIR] + ([Path(experiments_dir)] if experiments_dir else [])
-    return sorted({p.stem for d in dirs for p in d.glob("*.yaml") if p.stem != "base"})
-
-
-def check_experiments_dir(experiments_dir: Optional[str]) -> Optional[str]:
-    """The user's experiment folder as an absolute path, or None; refused unless it is a directory."""
-    if experiments_dir is None:
-        return None
-    path = Path(experiments_dir).expanduser()
-    if not path.is_dir():
-        raise ConfigError(f"experiments_dir: {experiments_dir!r} is not a directory; allowed: a folder of "
-                          "experiment YAML files (they may list `base` in their defaults)")
-    return str(path.resolve())
+RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "checkpoint", "logger", "devices")
 
 
 # --- the schema ----------------------------------------------------------------------------------
@@ -143,9 +127,10 @@ class RunConfig:
     tasks: Optional[list] = None
     eval_tasks: Optional[list] = None   # held out: never used for fitness
     run_dir: Optional[str] = None
-    experiments_dir: Optional[str] = None   # a user's own experiment YAMLs, beside the shipped ones
     component: dict = dataclasses.field(default_factory=dict)
-    inner: dict = dataclasses.field(default_factory=dict)
+    # The inner trainer: its config fields, and algo (ppo, dqn, q_learning) or _target_ (a config class of your
+    # own whose module defines make_train; docs/extending.md)
+    inner: dict = dataclasses.field(default_factory=lambda: {"algo": "ppo"})
     es: ESSection = ESSection()
     fitness: FitnessSection = FitnessSection()
     checkpoint: CheckpointSection = CheckpointSection()
@@ -254,105 +239,80 @@ def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
 
 # --- Hydra ---------------------------------------------------------------------------------------
 
-def override_key(override: str) -> str:
-    """The key (or config group) an override sets: ``es.popsize`` for ``++es.popsize=8``."""
-    return override.split("=", 1)[0].lstrip("+~")
+def schema():
+    """Every key with its default, from the dataclasses above: Hydra's ``metarl_schema``, first in the
+    primary config's defaults list, so a misspelt key is refused when the config is composed. Values
+    are checked by ``build``. ``inner`` and ``component`` take any key: a trainer's or a component's
+    own fields, checked by the class the config names."""
+    from omegaconf import MISSING, OmegaConf
+
+    # resume=RUN_DIR: continue that run (metarl.evolve); not a setting of the run itself
+    node = OmegaConf.create({**to_dict(RunConfig(experiment=MISSING)), "resume": None})
+    for key in ("inner", "component", "es.args", "logger.mlflow.tags"):
+        OmegaConf.set_struct(OmegaConf.select(node, key), False)
+    return node
 
 
-def is_hydra_override(override: str) -> bool:
-    """An override of Hydra's own config (``hydra.run.dir=...``) or of one of its groups
-    (``hydra/launcher=joblib``), rather than of the run's."""
-    key = override_key(override)
-    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+def _register() -> None:
+    """The schema, and the resolver of a sweep's directory: ``run_dir``, else ``checkpoints/NAME-DATE-sweep``
+    (with Hydra's ``now``, which its launchers carry to every job)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    ConfigStore.instance().store(name="metarl_schema", node=schema())
+    OmegaConf.register_new_resolver("metarl_sweep_dir", lambda run_dir, experiment, date: run_dir or
+                                    f"checkpoints/{experiment or 'sweep'}-{date}-sweep", replace=True)
 
 
-def parse_overrides(overrides: list[str]) -> list:
-    """Hydra's reading of each ``key=value``, one at a time, so that a malformed one is named in a
-    one-line error with what was expected (Hydra's own message names neither)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    parser = OverridesParser.create()
-    parsed = []
-    for override in overrides:
-        try:
-            parsed.append(parser.parse_overrides([override])[0])
-        except HydraException as err:
-            reason = (str(err).strip() or type(err).__name__).splitlines()[0]
-            raise ConfigError(f"{override_key(override) or override}: cannot read the override {override!r} "
-                              f"({reason}); allowed: KEY=VALUE with VALUE a number, a word, true/false, null "
-                              "or a list such as [64,64] (quoted in the shell)") from None
-    return parsed
+_register()
 
 
-@contextlib.contextmanager
-def hydra_context(experiments_dir: Optional[str] = None):
-    """Hydra initialised over the experiment folders (its public compose API), yielding Hydra's
-    application object: compose inside it. The user's ``experiments_dir`` (checked) is the primary
-    folder, so its files are found by name and can list the shipped ``base``, or any shipped
-    experiment, in their defaults; the shipped folder comes next (``hydra_args``)."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(experiments_dir or EXPERIMENTS_DIR), version_base="1.3"):
-        yield GlobalHydra.instance().hydra
+def default_run_dir(experiment: str) -> Path:
+    """A new run's directory when ``run_dir`` is not given (made unique when it is taken)."""
+    return Path(f"checkpoints/{experiment}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def compose(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None, multirun: bool = False):
-    """Hydra's composition of ``<experiment>.yaml`` with ``overrides`` (the run's and Hydra's own), its
-    section included; ``multirun``: a sweep's, where ``key=a,b`` lists values to sweep. Call inside
-    ``hydra_context``; ``experiments_dir`` is the checked folder it was made with.
-
-    Every override is read and checked on its own first, so a bad one is named from the start:
-    malformed, several values without ``-m``, or a config group option that does not exist."""
-    from hydra import compose as hydra_compose
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from hydra.types import RunMode
-    from omegaconf.errors import OmegaConfBaseException
-
-    if experiment not in available_experiments(experiments_dir):
-        raise ConfigError(f"experiment: unknown experiment {experiment!r}; allowed: "
-                          f"{', '.join(available_experiments(experiments_dir))}")
-    app = GlobalHydra.instance().hydra
-    for override in parse_overrides(overrides):
-        key = override.key_or_group
-        if override.is_sweep_override() and not multirun:
-            raise ConfigError(f"{key}: {override.input_line!r} lists several values; allowed: one value, a list "
-                              "written [a,b], or -m to sweep over the values (one run each)")
-        if "/" in key and not override.is_sweep_override() and not override.is_delete():
-            options = app.config_loader.get_group_options(key)
-            if override.value() not in options:
-                raise ConfigError(f"{key}: unknown option {override.value()!r}; allowed: {', '.join(sorted(options))}")
-    args = hydra_args(overrides, experiments_dir)
-    try:
-        if multirun:  # Hydra's public compose API composes a single run's config only
-            return app.compose_config(experiment, args, run_mode=RunMode.MULTIRUN, with_log_configuration=False)
-        return hydra_compose(experiment, args, return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException) as err:  # one line naming the setting (OmegaConf's key)
-        first = (str(err).strip() or type(err).__name__).splitlines()[0].replace("++", "").rstrip(".")
-        key = getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None) or "overrides"
-        allowed = ("a key of Hydra's config (`python -m metarl.evolve experiment=NAME --cfg hydra` shows them)"
-                   if str(key).startswith("hydra") else "a value of the setting's type (see experiments/base.yaml), "
-                   "as key=value")
-        raise ConfigError(f"{key}: {first}; allowed: {allowed}") from None
+def experiment_names() -> list[str]:
+    """The shipped experiments (``experiments/experiment/*.yaml``)."""
+    return sorted(p.stem for p in (EXPERIMENTS_DIR / "experiment").glob("*.yaml"))
 
 
-def hydra_args(overrides: list[str], experiments_dir: Optional[str]) -> list[str]:
-    """What Hydra is given: the run's keys as ``++key=value`` (add or override), so that any trainer field
-    can be set (``build`` refuses unknown keys afterwards); Hydra's own, and overrides with their own
-    prefix, as given; then the shipped experiments after a user's folder (``hydra.searchpath``)."""
-    return [*(o if o.startswith(("+", "~")) or is_hydra_override(o) else "++" + o for o in overrides),
-            *([f"hydra.searchpath=[{EXPERIMENTS_DIR.as_uri()}]"] if experiments_dir else [])]
+def one_line(err: Exception) -> ConfigError:
+    """Hydra's or OmegaConf's error as one line naming the setting: OmegaConf's key, the override
+    Hydra names, or the experiment it could not find."""
+    first = (str(err).strip() or type(err).__name__).splitlines()[0].rstrip(".")
+    named = re.search(r"(?:override|argument) '?\+*([^'= ]+)=", first) or re.search(r"override '\+*([^']+)'", first)
+    key = (getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
+           or (named and named[1]) or getattr(err, "override", "").split("=", 1)[0].lstrip("+~") or None)
+    missing = re.search(r"Could not find '(.+)/[^/']+'", first)
+    if missing:  # a config group's option; Hydra lists the others on the lines that follow
+        listed = str(err).split("Available options", 1)[-1].split("Config search path", 1)[0]
+        options = [line.strip() for line in listed.splitlines() if line.startswith("\t")]
+        key, allowed = missing[1], ", ".join(options) + (" (or --config-dir DIR for your own)"
+                                                         if missing[1] == "experiment" else "")
+    elif "Additional config directory" in first:
+        key, allowed = "--config-dir", "a folder that holds your experiment/NAME.yaml files"
+    elif "Could not override" in first or "not in struct" in first:
+        allowed = "a key of the config (--help lists them)"
+    elif "Ambiguous value" in first:
+        first = "lists several values"
+        allowed = "one value, a list written [a,b], or -m to sweep over the values (one run each)"
+    elif key and str(key).startswith("hydra"):
+        allowed = "a key of Hydra's config (--cfg hydra shows them)"
+    else:
+        allowed = ("KEY=VALUE with VALUE a number, a word, true/false, null or a list such as [64,64] (quoted in "
+                   "the shell)")
+    return ConfigError(f"{key or 'overrides'}: {first}; allowed: {allowed}")
 
 
-def from_composed(composed, experiments_dir: Optional[str] = None) -> RunConfig:
-    """The checked config of a composition (``compose``, or a sweep's job), without Hydra's section;
-    ``experiments_dir``: the checked folder it was composed with."""
+def from_composed(composed) -> RunConfig:
+    """The checked config of a composition (a run's or a sweep job's), without Hydra's section."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if composed.get("experiment", None) is None:
+        raise ConfigError(f"experiment: missing; allowed: experiment={'|'.join(experiment_names())} "
+                          "(or resume=RUN_DIR)")
     try:
         data = OmegaConf.to_container(OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"]),
                                       resolve=True)
@@ -360,19 +320,31 @@ def from_composed(composed, experiments_dir: Optional[str] = None) -> RunConfig:
         key = getattr(err, "full_key", None) or "config"
         raise ConfigError(f"{key}: {str(err).splitlines()[0]}; allowed: a value, or an interpolation that "
                           "resolves") from None
-    data["experiments_dir"] = experiments_dir
+    data.pop("resume", None)
     return from_dict(data)
 
 
-def load(experiment: str, overrides: list[str], experiments_dir: Optional[str] = None) -> RunConfig:
-    """The checked config of ``experiment`` with ``overrides``, as a run would get it."""
-    experiments_dir = check_experiments_dir(experiments_dir)
-    with hydra_context(experiments_dir):
-        return from_composed(compose(experiment, overrides, experiments_dir), experiments_dir)
+def load(experiment: str, overrides: list[str] = (), config_dir: Optional[str] = None) -> RunConfig:
+    """The checked config of ``experiment`` with ``overrides``, as ``python -m metarl.evolve`` would
+    compose it (Hydra's compose API); ``config_dir``: a folder with your own ``experiment/NAME.yaml``."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    search = [f"hydra.searchpath=[{Path(config_dir).resolve().as_uri()}]"] if config_dir else []
+    try:
+        with initialize_config_module("metarl.experiments", version_base="1.3"):
+            composed = compose("config", [f"experiment={experiment}", *overrides, *search], return_hydra_config=True)
+            HydraConfig.instance().set_config(composed)  # for ${hydra:...}
+            return from_composed(composed)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise one_line(err) from None
 
 
 def from_dict(data: dict) -> RunConfig:
-    return build(RunConfig, data)
+    # Runs saved before user experiments came through --config-dir recorded the folder as a setting.
+    return build(RunConfig, {k: v for k, v in data.items() if k != "experiments_dir"})
 
 
 # --- a run directory's config.yaml --------------------------------------------------------------

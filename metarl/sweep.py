@@ -1,15 +1,17 @@
 """``python -m metarl.evolve -m experiment=NAME KEY=A,B ...``: a sweep, run by Hydra's sweeper and
 launcher (docs/sweeps.md). Each job is one run, as ``python -m metarl.evolve`` with that job's
 overrides would make it, in ``SWEEP_DIR/<job number>``; with the basic sweeper every job is checked
-before the first starts. Each job records itself in ``SWEEP_DIR/jobs/<number>.json`` when it starts
-and ends, so the summary is the same whichever launcher ran the jobs, wherever. The task function
-returns the job's best fitness, so an optimising sweeper can search over a run's settings.
+before the first starts (``start``, from the sweep's Hydra callback). Each job records itself in
+``SWEEP_DIR/jobs/<number>.json`` when it starts and ends, so the summary (``finish``) is the same
+whichever launcher ran the jobs, wherever. A job returns its best fitness, so an optimising sweeper
+can search over a run's settings.
 """
 from __future__ import annotations
 
 import csv
-import io
 import dataclasses
+import io
+import itertools
 import json
 import math
 import os
@@ -18,22 +20,20 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.hydra_config import HydraConfig
+from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import config as config_lib
-from metarl import compilation, devices, runlock
+from metarl import compilation, devices
 from metarl.checkpoints import atomic_write
-from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, fail, refuse_chdir
+from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, fail
 from metarl.job import check_existing, check_run, execute
 from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 JOBS_DIR = "jobs"
 SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
 COLUMNS = ("job", "overrides", "exit_code", "generations", "best", "last_mean", "run_dir")
@@ -43,12 +43,8 @@ STOPPED = tuple(128 + int(sig) for sig in STOP_SIGNALS)
 # Each job's (config, task) as checked before the sweep started, by the job's overrides: a job that
 # runs in this process (the basic launcher) uses its task rather than building it again.
 _CHECKED: dict = {}
-
-
-class SweepStopped(BaseException):
-    """A job was stopped by a stop signal (SIGINT, SIGTERM, SIGHUP), its exit code the argument: no
-    further job starts. A BaseException, so that Hydra's launcher, which records a job's ordinary
-    exceptions and goes on, lets it through."""
+# The sweep's MLflow run (the parent of its jobs' runs), and what PARENT_RUN_ENV was before it.
+_PARENT: dict = {}
 
 
 def job_run_dir(hydra_cfg) -> Path:
@@ -56,44 +52,50 @@ def job_run_dir(hydra_cfg) -> Path:
     return Path(str(hydra_cfg.sweep.dir)) / str(hydra_cfg.sweep.subdir)
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepJob:
-    """The task function Hydra's launcher calls for each job (pickled by launchers that run jobs in other
-    processes: it holds plain strings only)."""
+def run_job(composed, hydra_cfg) -> float:
+    """One job, from Hydra's launcher: its record, its run, its exit code in the record. A job stopped
+    by a stop signal stops the sweep: the summary is written and the process exits with its code."""
+    num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
+    overrides = [str(o) for o in hydra_cfg.overrides.task]
+    sweep_dir = Path(str(hydra_cfg.sweep.dir))
+    record = sweep_dir / JOBS_DIR / f"{num}.json"
+    row = {"job": num, "overrides": " ".join(overrides), "exit_code": None, "run_dir": str(run_dir)}
+    _write_json(record, row)  # a job killed outright stays in the summary, without an exit code
+    print(f"\nsweep job {num}: {row['overrides'] or '(no overrides)'}", flush=True)
+    row["exit_code"] = _run(composed, run_dir, overrides)
+    _write_json(record, row)
+    if row["exit_code"] in STOPPED:
+        rows = write_summary(sweep_dir)
+        _end_mlflow(sweep_dir, rows, stopped=True)
+        print(f"\nsweep stopped: {len(rows)} job(s); summary in {sweep_dir / SUMMARY_CSV}", flush=True)
+        print(f"continue with: python -m metarl.evolve -m {' '.join(_sweep_args(hydra_cfg))} run_dir={sweep_dir}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(row["exit_code"])
+    best = _results(run_dir)["best"]
+    return math.nan if best is None else best
 
-    experiments_dir: Optional[str]
 
-    def __call__(self, composed) -> float:
-        hydra_cfg = HydraConfig.get()
-        num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
-        given = [str(o) for o in hydra_cfg.overrides.task]
-        overrides = [o.removeprefix("++") for o in given]  # as the user wrote them
-        record = Path(str(hydra_cfg.sweep.dir)) / JOBS_DIR / f"{num}.json"
-        row = {"job": num, "overrides": " ".join(overrides), "exit_code": None, "run_dir": str(run_dir)}
-        _write_json(record, row)  # a job killed outright stays in the summary, without an exit code
-        print(f"\nsweep job {num}: {row['overrides'] or '(no overrides)'}", flush=True)
-        row["exit_code"] = self.run(composed, run_dir, given)
-        _write_json(record, row)
-        if row["exit_code"] in STOPPED:
-            raise SweepStopped(row["exit_code"])
-        best = _results(run_dir)["best"]
-        return math.nan if best is None else best
+def _sweep_args(hydra_cfg) -> list[str]:
+    """The sweep's own command line (its sweep values included), without its directory."""
+    args = [a for a in sys.argv[1:] if not a.startswith("-")]
+    return [a for a in args if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
 
-    def run(self, composed, run_dir: Path, given: list[str]) -> int:
-        try:
-            cfg = dataclasses.replace(config_lib.from_composed(composed, self.experiments_dir), run_dir=str(run_dir))
-            cached = _CHECKED.get(tuple(given))
-            task = cached[1] if cached is not None and cached[0] == cfg else None
-            resuming = check_existing(cfg, run_dir)
-            return execute(cfg, run_dir, resuming, named=True, task=task)
-        except config_lib.ConfigError as err:
-            print(f"error: {err}", file=sys.stderr, flush=True)
-            return EXIT_BAD_INPUT
-        except SystemExit as stop:  # bad input (one line already printed), as a run on its own would exit
-            return stop.code if isinstance(stop.code, int) else 1
-        except Exception:  # a failure of this job only: the sweep goes on to the next
-            traceback.print_exc()
-            return 1
+
+def _run(composed, run_dir: Path, overrides: list[str]) -> int:
+    try:
+        cfg = dataclasses.replace(config_lib.from_composed(composed), run_dir=str(run_dir))
+        cached = _CHECKED.get(tuple(overrides))
+        task = cached[1] if cached is not None and cached[0] == cfg else None
+        resuming = check_existing(cfg, run_dir)
+        return execute(cfg, run_dir, resuming, named=True, task=task)
+    except config_lib.ConfigError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
+    except SystemExit as stop:  # bad input (one line already printed), as a run on its own would exit
+        return stop.code if isinstance(stop.code, int) else 1
+    except Exception:  # a failure of this job only: the sweep goes on to the next
+        traceback.print_exc()
+        return 1
 
 
 def worst_code(codes: list[int]) -> int:
@@ -129,40 +131,60 @@ def write_summary(sweep_dir: Path) -> list[dict]:
 
 
 def _jobs(master) -> tuple[list[list[str]], bool]:
-    """``(jobs, known)``: every job's overrides as the basic sweeper will make them (``known``); for
-    another sweeper, whose jobs are known only as it runs, the one set of settings all its jobs share
-    (the overrides that sweep nothing)."""
+    """``(jobs, known)``: every job's overrides as the basic sweeper makes them (``known``: the product of
+    each key's values, the sweeper's ``params`` first, a later value of a key replacing an earlier); for
+    another sweeper, whose jobs are known only as it runs, the one set of settings all its jobs share."""
     task = OmegaConf.to_container(master.hydra.overrides.task, resolve=False)
-    if master.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
-        parsed = OverridesParser.create().parse_overrides(task)
-        return [[o.input_line for o in parsed if not o.is_sweep_override()]], False
+    parser = OverridesParser.create(config_loader=GlobalHydra.instance().hydra.config_loader)
+    if master.hydra.runtime.choices.get("hydra/sweeper") != "basic":
+        return [[o.input_line for o in parser.parse_overrides(task) if not o.is_sweep_override()]], False
     params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
-    parsed = OverridesParser.create().parse_overrides([*params, *task])
-    return [list(job) for job in BasicSweeper.split_arguments(parsed, None)[0]], True
+    values: dict = {}
+    for override in parser.parse_overrides([*params, *task]):
+        key = override.get_key_element()
+        values[key] = ([f"{key}={v}" for v in override.sweep_string_iterator()] if override.is_sweep_override()
+                       else [f"{key}={override.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*values.values())], True
 
 
-def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir: Optional[str]) -> list:
-    """Compose and check every job as it will run, before any starts: its config, its run directory
-    (new, or an earlier run of the same config), its task, devices and memory. Exits with one line on
-    the first bad one, naming the job. Not ``known``: the settings the jobs share, without a run
-    directory (each job checks the rest when it starts). Returns the checked configs."""
+def start(master) -> None:
+    """Before the first job: the sweep's own checks, then every job composed and checked as it will run
+    (its config, its run directory, its task, devices and memory), exiting with one line on the first
+    bad one, naming the job; not ``known`` (another sweeper): the settings the jobs share. Then the
+    sweep's MLflow run, if its jobs log to MLflow."""
+    if master.get("resume"):
+        fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
+             "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
+    if master.hydra.job.chdir:
+        fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "
+             "started in)")
+    hydra_overrides = [o for o in OmegaConf.to_container(master.hydra.overrides.hydra) if not o.startswith("hydra.mode")]
+    sweep_dir = Path(str(master.hydra.sweep.dir))
+    config_lib.check_run_dir(str(sweep_dir), "run_dir")
+    if (sweep_dir / config_lib.CONFIG_FILE).exists():
+        fail(f"run_dir: {sweep_dir} holds a run, not a sweep; allowed: a new directory, or an earlier sweep's")
     compilation.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
-    in_process = master.hydra.launcher.get("_target_") == BASIC_LAUNCHER
+    in_process = master.hydra.runtime.choices.get("hydra/launcher") == "basic"
+    jobs, known = _jobs(master)
+    if len({o for job in jobs for o in job if o.split("=", 1)[0] == "run_dir"}) > 1:
+        fail("run_dir: cannot be swept; allowed: one directory for the sweep (each job runs in a directory "
+             "of its own inside it)")
     shared = set.intersection(*(set(job) for job in jobs)) if len(jobs) > 1 else set()
-    seen, checked_cfgs = {}, []
+    seen, cfgs = {}, []
     for num, job in enumerate(jobs):
-        swept = " ".join(o.removeprefix("++") for o in job if o not in shared)
+        swept = " ".join(o for o in job if o not in shared)
         where = (f" (sweep job {num}" + (f": {swept})" if swept else ")")) if known else " (the sweep's settings)"
         try:
-            job_cfg = app.config_loader.load_sweep_config(master, list(job))
-            OmegaConf.update(job_cfg, "hydra.job", {"num": num, "id": num}, force_add=True)  # as Hydra's launcher
-            HydraConfig.instance().set_config(job_cfg)
+            job_cfg = compose("config", [*hydra_overrides, *job], return_hydra_config=True)
+            with open_dict(job_cfg):
+                job_cfg.hydra.job.num = num
+                job_cfg.hydra.sweep.dir = str(sweep_dir)
             run_dir = job_run_dir(job_cfg.hydra)
             if run_dir in seen:
                 fail(f"hydra.sweep.subdir: jobs {seen[run_dir]} and {num} would share the run directory {run_dir}; "
                      "allowed: a subdir that differs per job, such as ${hydra.job.num}")
             seen[run_dir] = num
-            cfg = dataclasses.replace(config_lib.from_composed(job_cfg, experiments_dir), run_dir=str(run_dir))
+            cfg = dataclasses.replace(config_lib.from_composed(job_cfg), run_dir=str(run_dir))
             if known:
                 check_existing(cfg, run_dir)
             if in_process and devices.distributed_settings(cfg.devices)[0] > 1:
@@ -174,12 +196,17 @@ def check_jobs(app, master, jobs: list[list[str]], known: bool, experiments_dir:
             task = check_run(cfg, setup_devices=False)
             if known:
                 _CHECKED[tuple(job)] = (cfg, task)
-            checked_cfgs.append(cfg)
+            cfgs.append(cfg)
         except (config_lib.ConfigError, ValueError) as err:
             fail(str(err).splitlines()[0] + where)
         except (HydraException, OmegaConfBaseException) as err:
-            fail(f"overrides: {str(err).strip().splitlines()[0]}{where}")
-    return checked_cfgs
+            fail(str(config_lib.one_line(err)) + where)
+    count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
+    print(f"sweep: {count} in {sweep_dir}", flush=True)
+    parent = open_mlflow_parent(cfgs, known, sweep_dir, sys.argv[1:])
+    if parent is not None and parent.active:
+        _PARENT.update(run=parent, outer=os.environ.get(PARENT_RUN_ENV))
+        os.environ[PARENT_RUN_ENV] = parent.run_id
 
 
 def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]) -> Optional[MlflowRun]:
@@ -198,8 +225,11 @@ def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]
                           lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
 
 
-def log_mlflow_summary(parent: MlflowRun, sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
+def _end_mlflow(sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
     """The summary on the sweep's MLflow run (docs/tracking.md), which then ends."""
+    parent = _PARENT.pop("run", None)
+    if parent is None:
+        return
     scored = [r for r in rows if r["best"] is not None and math.isfinite(r["best"])]
     if scored:
         best = max(scored, key=lambda r: r["best"])
@@ -209,86 +239,17 @@ def log_mlflow_summary(parent: MlflowRun, sweep_dir: Path, rows: list[dict], sto
     parent.log_files([sweep_dir / SUMMARY_CSV, sweep_dir / SUMMARY_JSON], None)
     failed = any(r["exit_code"] != 0 for r in rows)
     parent.finish("KILLED" if stopped else "FAILED" if failed else "FINISHED")
+    os.environ.pop(PARENT_RUN_ENV, None)
+    if _PARENT.get("outer") is not None:
+        os.environ[PARENT_RUN_ENV] = _PARENT.pop("outer")
 
 
-def run(cli) -> int:
-    """The sweep of ``cli`` (``metarl.evolve.CommandLine``, given with ``-m``): checks, then Hydra's sweeper,
-    then the summary."""
-    special, experiments_dir = cli.special, cli.experiments_dir
-    if "resume" in special:
-        fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
-             "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
-    for key in ("experiment", "experiments_dir"):
-        if "," in special.get(key, ""):
-            fail(f"{key}: {special[key]!r} lists several; allowed: one per sweep (a sweep composes one "
-                 "experiment; run one sweep for each)")
-    # run_dir=PATH names the sweep's directory: Hydra's hydra.sweep.dir, set after any given (the last wins).
-    run_dirs = [o.split("=", 1)[1] for o in cli.overrides if config_lib.override_key(o) == "run_dir"]
-    if run_dirs and "," in run_dirs[-1]:
-        fail(f"run_dir: {run_dirs[-1]!r} cannot be swept; allowed: one directory for the sweep (each job "
-             "runs in a directory of its own inside it)")
-    named = bool(run_dirs) or any(config_lib.override_key(o) == "hydra.sweep.dir" for o in cli.overrides)
-    overrides = [o for o in cli.overrides if config_lib.override_key(o) != "run_dir"]
-    with config_lib.hydra_context(experiments_dir) as app:
-        return _run(cli, app, [*overrides, *(f"hydra.sweep.dir={d}" for d in run_dirs[-1:])], named)
-
-
-def _run(cli, app, overrides: list[str], named: bool) -> int:
-    experiment, experiments_dir = cli.special["experiment"], cli.experiments_dir
-    master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True)
-    refuse_chdir(master)
+def finish(master) -> int:
+    """After the last job: the summary, and the sweep's exit code (the worst job's)."""
     sweep_dir = Path(str(master.hydra.sweep.dir))
-    if not named:  # the default name, made unique (two sweeps started in the same second)
-        sweep_dir = runlock.unique_dir(sweep_dir)
-    # Set explicitly, so that every later composition (Hydra's own, a job's) names the same one.
-    overrides = [o for o in overrides if config_lib.override_key(o) != "hydra.sweep.dir"]
-    overrides.append(f"hydra.sweep.dir={sweep_dir}")
-    master = config_lib.compose(experiment, overrides, experiments_dir, multirun=True)
-    config_lib.check_run_dir(str(sweep_dir), "run_dir")
-    if (sweep_dir / config_lib.CONFIG_FILE).exists():
-        fail(f"run_dir: {sweep_dir} holds a run, not a sweep; allowed: a new directory, or an earlier sweep's")
-    jobs, known = _jobs(master)
-    cfgs = check_jobs(app, master, jobs, known, experiments_dir)
-
-    # Everything is checked: the sweep's directory is made, then Hydra's sweeper runs the jobs.
-    if not named:
-        try:
-            sweep_dir.mkdir(parents=True)
-        except FileExistsError:
-            fail(f"run_dir: {sweep_dir} was made by another sweep started at the same moment; allowed: the same "
-                 "command again, or run_dir=PATH", code=1)
-    count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
-    print(f"sweep: {count} in {sweep_dir}", flush=True)
-    stopped = None
-    outer_parent = os.environ.get(PARENT_RUN_ENV)
-    parent = open_mlflow_parent(cfgs, known, sweep_dir, cli.argv)
-    if parent is not None and parent.active:
-        os.environ[PARENT_RUN_ENV] = parent.run_id
-    try:
-        app.multirun(config_name=experiment, task_function=SweepJob(experiments_dir),
-                     overrides=config_lib.hydra_args(overrides, experiments_dir),
-                     with_log_configuration=False)
-    except SweepStopped as stop:
-        stopped = stop.args[0]
-    except KeyboardInterrupt:
-        stopped = STOPPED[0]
-    except Exception as err:  # the launcher or sweeper itself failed (a job's own failure is its exit code)
-        message = (str(err).strip().splitlines() or [""])[0]
-        print(f"error: hydra/launcher: {type(err).__name__}: {message}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        rows = write_summary(sweep_dir) if sweep_dir.is_dir() else []
-        if parent is not None:
-            log_mlflow_summary(parent, sweep_dir, rows, stopped is not None)
-            os.environ.pop(PARENT_RUN_ENV, None)
-            if outer_parent is not None:
-                os.environ[PARENT_RUN_ENV] = outer_parent
+    rows = write_summary(sweep_dir)
+    _end_mlflow(sweep_dir, rows, stopped=False)
     failed = sum(r["exit_code"] != 0 for r in rows)
-    print(f"\nsweep {'stopped' if stopped else 'done'}: {len(rows)} job(s), {failed} failed or unfinished; "
-          f"summary in {sweep_dir / SUMMARY_CSV}", flush=True)
-    if stopped:
-        again = [a for a in cli.argv if config_lib.override_key(a) not in ("run_dir", "hydra.sweep.dir")]
-        print(f"continue with: python -m metarl.evolve {' '.join(again)} run_dir={sweep_dir}", file=sys.stderr,
-              flush=True)
-        return stopped
+    print(f"\nsweep done: {len(rows)} job(s), {failed} failed or unfinished; summary in {sweep_dir / SUMMARY_CSV}",
+          flush=True)
     return worst_code([r["exit_code"] if isinstance(r["exit_code"], int) else 1 for r in rows] or [0])

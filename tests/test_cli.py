@@ -60,7 +60,7 @@ def test_other_experiments_run(tmp_path, experiment):
 
 # The plug-in experiment of docs/extending.md (examples/experiments/huber_value_loss.yaml), here with the copy of
 # its component in tests/plugins.py, so the run does not depend on the working directory.
-HUBER = [f"experiments_dir={REPO / 'examples' / 'experiments'}", "experiment=huber_value_loss",
+HUBER = ["--config-dir", str(REPO / "examples" / "experiments"), "experiment=huber_value_loss",
          "component._target_=plugins.HuberValueLoss", "component.delta_init=2.0"]
 
 
@@ -122,10 +122,10 @@ def test_component_and_strategy_of_your_own_by_target(tmp_path):
     (["experiment=dqn_hyperparams", "env=Pendulum-v1"], "env"),
     # Malformed overrides name themselves, with no internal prefix.
     (["experiment=value_loss", "es.popsize=[1,2"], "es.popsize"),
-    (["experiment=value_loss", "=4"], "argument '=4'"),
+    (["experiment=value_loss", "=4"], "overrides"),
     (["experiment=value_loss", "inner=[1]"], "inner"),  # Hydra's own error, without its `++` form
     (["experiment=value_loss", "component._target_=no_such_module.Loss"], "component._target_"),
-    ([*HUBER[:2], "component._target_=plugins.NotAComponent"], "component._target_"),
+    ([*HUBER[:3], "component._target_=plugins.NotAComponent"], "component._target_"),
     (["experiment=value_loss", "component.typo=1"], "component.typo"),
     (["experiment=value_loss", "es._target_=no_such_module.ES"], "es._target_"),
     (["experiment=value_loss", "es.strategy=PSO"], "es.strategy"),
@@ -148,7 +148,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, field):
 
 def test_help_exits_0():
     # With a folder of the user's own experiments too: the keys listed are still the shipped base.yaml's.
-    for extra in ([], [f"experiments_dir={REPO / 'examples' / 'experiments'}"]):
+    for extra in ([], ["--config-dir", str(REPO / "examples" / "experiments")]):
         proc = subprocess.run([sys.executable, "-m", "metarl.evolve", *extra, "--help"], env=env_vars(),
                               capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0 and "experiment=" in proc.stdout and "  es.popsize=" in proc.stdout, proc.stderr
+        assert proc.returncode == 0 and "experiment=" in proc.stdout and "  popsize: 16" in proc.stdout, proc.stderr
+        assert ("huber_value_loss" in proc.stdout) == bool(extra)

@@ -31,7 +31,7 @@ def test_sweep_runs_each_job_in_its_own_run_dir_and_writes_a_summary(sweep):
     for seed, row in enumerate(rows):
         run_dir = cwd / row["run_dir"]
         assert run_dir == sweep_dir / str(seed)
-        assert row["overrides"].split()[-1] == f"seed={seed}" and "es.popsize=4" in row["overrides"].split()
+        assert f"seed={seed}" in row["overrides"].split() and "es.popsize=4" in row["overrides"].split()
         assert f"seed: {seed}\n" in (run_dir / "config.yaml").read_text()
         history = records(run_dir)
         assert [r["generation"] for r in history] == [1, 2]
@@ -75,9 +75,8 @@ def test_joblib_launcher_runs_a_job_as_the_basic_one_did_and_a_sweep_continues_i
     (["-m", "resume={tmp}/run"], "resume"),
     # Without -m, a list of values is refused; with it, hydra.run.dir names the run's directory.
     (["experiment=value_loss", "seed=0,1"], "seed"),
-    (["experiment=value_loss", "hydra.run.dir={tmp}/afile"], "run_dir"),
-    (["experiment=value_loss", "--info"], "argument '--info'"),
-    (["experiment=value_loss", "--cfg", "everything"], "argument --cfg"),
+    (["experiment=value_loss", "hydra.run.dir={tmp}/afile"], "hydra.run.dir"),
+    (["experiment=value_loss", "hydra.run.dir={tmp}/new"], "hydra.run.dir"),
 ])
 def test_bad_sweeps_and_hydra_keys_exit_2_with_one_line_and_write_nothing(tmp_path, args, field):
     (tmp_path / "afile").write_text("not a directory\n")
@@ -95,7 +94,7 @@ def test_bad_sweeps_and_hydra_keys_exit_2_with_one_line_and_write_nothing(tmp_pa
 def test_cfg_job_prints_the_composed_config_and_help_lists_experiments_and_keys(tmp_path):
     import yaml
 
-    proc = evolve(["experiment=hyperparams", "es.popsize=8", "inner.num_envs=2", "--cfg", "job"], cwd=tmp_path,
+    proc = evolve(["experiment=hyperparams", "es.popsize=8", "inner.num_envs=2", "--cfg", "job", "--resolve"], cwd=tmp_path,
                   timeout=120)
     assert proc.returncode == 0, proc.stderr
     shown = yaml.safe_load(proc.stdout)
@@ -104,8 +103,15 @@ def test_cfg_job_prints_the_composed_config_and_help_lists_experiments_and_keys(
     proc = evolve(["--help"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for text in ("-m experiment=NAME", "value_loss, value_loss_family, value_loss_gpu", "drift_family",
-                 "hyperparams", "es.popsize=16", "fitness.num_seeds=2", "inner.lr=", "component.*"):
+                 "hyperparams", "  popsize: 16", "  num_seeds: 2", "inner.*", "component.*"):
         assert text in proc.stdout, text
-    launchers = next(line for line in proc.stdout.splitlines() if line.startswith("launchers"))
+    # With an experiment, its values; Hydra's own help lists the launchers.
+    proc = evolve(["experiment=hyperparams", "--help"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "  strategy: SNES" in proc.stdout, proc.stderr
+    proc = evolve(["--hydra-help"], cwd=tmp_path, timeout=120)
+    launchers = next(line for line in proc.stdout.splitlines() if line.startswith("hydra/launcher"))
     assert {"basic", "joblib"} <= set(launchers.split(": ", 1)[1].split(", "))
+    # Hydra's own argument errors: its usage, exit code 2.
+    proc = evolve(["experiment=value_loss", "--cfg", "everything"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "argument --cfg" in proc.stderr.splitlines()[-1], proc.stderr
     assert list(tmp_path.iterdir()) == []

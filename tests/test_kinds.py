@@ -131,10 +131,10 @@ def test_a_kind_named_by_its_dotted_path_runs_through_the_command_line(tmp_path)
 
     from clihelp import evolve, run_module
 
-    (tmp_path / "exps").mkdir()
+    (tmp_path / "exps" / "experiment").mkdir(parents=True)
     cli_run = {**RUN, "component": {"kind": "test_kinds.STEP_SCALE"}, "devices": {"num_cpu_devices": 1}}
-    (tmp_path / "exps" / "step_scale.yaml").write_text(yaml.safe_dump(cli_run))
-    evolve(["experiments_dir=exps", "experiment=step_scale", "run_dir=run"], cwd=tmp_path, check=True)
+    (tmp_path / "exps" / "experiment" / "step_scale.yaml").write_text("# @package _global_\n" + yaml.safe_dump(cli_run))
+    evolve(["--config-dir", "exps", "experiment=step_scale", "run_dir=run"], cwd=tmp_path, check=True)
     run_module("metarl.inspect", ["run"], cwd=tmp_path, check=True)
     assert (tmp_path / "run" / "figures" / "step_scale.png").is_file()
     run_module("metarl.evaluate", ["run", "num_seeds=2", "num_cpu_devices=1"], cwd=tmp_path, check=True)

@@ -24,10 +24,7 @@ _, metrics = jax.jit(make_train(config))(jax.random.key(0))
 print("trained", metrics["episode_return"].shape[0])
 """
 
-USER_EXPERIMENT = """defaults:
-  - base
-  - _self_
-experiment: my_lr_search
+USER_EXPERIMENT = """# @package _global_
 component:
   kind: hyperparams
   search:
@@ -44,8 +41,8 @@ def _research_project(root: Path, package_init: bool) -> Path:
         if package_init:
             (root / name / "__init__.py").write_text(f"raise ImportError('the user folder {name}/ was imported')\n")
     (root / "experiments" / "value_loss.yaml").write_text("this: is the user's file, not metarl's\n")
-    (root / "my_experiments").mkdir()
-    (root / "my_experiments" / "my_lr_search.yaml").write_text(USER_EXPERIMENT)
+    (root / "my_experiments" / "experiment").mkdir(parents=True)
+    (root / "my_experiments" / "experiment" / "my_lr_search.yaml").write_text(USER_EXPERIMENT)
     (root / "train.py").write_text(TRAIN_SCRIPT)
     return root
 
@@ -85,13 +82,13 @@ def _check_project(project: Path, pythonpath=None, expect_prefix=None):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "trained 4"
 
-    proc = _run(["-m", "metarl.evolve", "experiments_dir=my_experiments", "experiment=my_lr_search",
+    proc = _run(["-m", "metarl.evolve", "--config-dir", "my_experiments", "experiment=my_lr_search",
                  *[o for o in TINY if not o.startswith("component.")],
                  "es.generations=1", "run_dir=mine"], project, pythonpath)
     assert proc.returncode == 0, proc.stderr
     saved = (project / "mine" / "config.yaml").read_text()
     assert "experiment: my_lr_search" in saved and "kind: hyperparams" in saved
-    assert "popsize: 4" in saved and "checkpoint:" in saved  # the override, and a key only `base` sets
+    assert "popsize: 4" in saved and "checkpoint:" in saved  # the override, and a key only the schema sets
 
 
 # Each install with one kind of user folder (the four pairs took a minute more of the suite's time;
@@ -104,7 +101,7 @@ def test_editable_install_from_a_research_project_with_package_folders(tmp_path)
 
 @pytest.mark.timeout(1200)
 def test_non_editable_install_from_a_research_project_with_plain_folders(tmp_path, site):
-    assert (site / "metarl" / "experiments" / "value_loss.yaml").exists()
+    assert (site / "metarl" / "experiments" / "experiment" / "value_loss.yaml").exists()
     assert not (site / "experiments").exists() and not (site / "inner_loops").exists()
     # The console entry points, each printing its own usage.
     for name in ("evolve", "inspect", "evaluate", "distill"):
@@ -117,7 +114,7 @@ def test_non_editable_install_from_a_research_project_with_plain_folders(tmp_pat
                    expect_prefix=site)
 
 
-def test_a_missing_experiments_dir_is_one_line(tmp_path):
-    proc = _run(["-m", "metarl.evolve", "experiments_dir=nowhere", "experiment=value_loss"], tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: experiments_dir:"), proc.stderr
+def test_a_missing_config_dir_is_one_line(tmp_path):
+    proc = _run(["-m", "metarl.evolve", "--config-dir", "nowhere", "experiment=value_loss"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("error: --config-dir:"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

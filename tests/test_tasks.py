@@ -10,7 +10,7 @@ from clihelp import TINY, evolve, final_state, records, start_and_kill_after
 
 from metarl import scores
 from metarl.outer_loops.fitness import degenerate, make_aggregate, normalize
-from metarl.config import ConfigError, available_experiments, load
+from metarl.config import ConfigError, experiment_names, load
 from metarl.outer_loops.evolution import ESConfig, Evolution
 from metarl.tasks import build_task, task_specs
 
@@ -61,7 +61,7 @@ def test_reference_intervals_shrink_with_seeds_and_each_task_trains_from_the_mem
     assert control[:, 0].tolist() != control[:, 1].tolist()
 
 
-@pytest.mark.parametrize("experiment", available_experiments())
+@pytest.mark.parametrize("experiment", experiment_names())
 def test_every_shipped_experiment_builds_and_starts_at_its_baseline(experiment):
     """Each shipped experiment's config and task build (nothing is compiled); the small families start at
     the hand-designed rule: zero meta-parameters, counted."""
