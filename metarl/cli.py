@@ -1,14 +1,16 @@
-"""What metarl's commands share: the bad-input exit, the signals that stop a run, and the checks of an
-experiment's command line and of the run directory it names (reading only)."""
+"""What metarl's commands share: the bad-input exit, the signals that stop a run, the command line of
+the commands that read a run (inspect, evaluate, distill), and the checks of a run directory."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import sys
+import typing
 from pathlib import Path
 
 from metarl import config as config_lib
-from metarl.config import CONFIG_FILE
+from metarl.config import CONFIG_FILE, ConfigError
 
 EXIT_BAD_INPUT = 2
 FIGURES = "figures"  # RUN_DIR/figures: where inspect, evaluate, distill and a logged run write figures
@@ -20,6 +22,47 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 def fail(message: str, code: int = EXIT_BAD_INPUT):
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def command_line(argv: list[str], function, usage: str) -> tuple[Path, dict]:
+    """``RUN_DIR [KEY=VALUE ...]``, the command line of ``inspect``, ``evaluate`` and ``distill``: the
+    keys are ``function``'s arguments after the run directory, each value read as ``metarl.evolve``
+    reads it (Hydra's override grammar: ``num_seeds=32``, ``tasks=[CartPole-v1,Acrobot-v1]``,
+    ``env=null``) and checked against the argument's type; ``function`` checks the ranges. ``--help``
+    (or nothing) prints ``usage``. Bad input: one line, exit code 2."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        raise SystemExit(0 if argv else EXIT_BAD_INPUT)
+    run_dir, given = argv[0].removeprefix("run_dir="), argv[1:]
+    keys = list(inspect.signature(function).parameters)[1:]
+    hints = typing.get_type_hints(function)
+    options = {}
+    try:
+        for arg in given:
+            try:
+                override = OverridesParser.create().parse_overrides([arg])[0]
+            except HydraException as err:
+                raise config_lib.one_line(err) from None
+            key = override.key_or_group
+            if key not in keys or override.is_sweep_override() or override.is_delete():
+                raise ConfigError(f"argument {arg!r}: not a setting of this command; allowed: "
+                                  f"{', '.join(f'{k}=' for k in keys)}")
+            options[key] = config_lib.coerce(override.value(), hints[key], key)
+        check_run_to_read(run_dir)
+    except ConfigError as err:
+        fail(str(err))
+    return Path(run_dir), options
+
+
+def check_run_to_read(run_dir: str | Path) -> None:
+    """A run directory to read: ``ConfigError`` if it is none."""
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"{run_dir}: no such directory")
+    if not (Path(run_dir) / CONFIG_FILE).is_file():
+        raise ConfigError(f"{run_dir}: not a metarl run directory (no {CONFIG_FILE})")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import time
+import types
 import typing
 from pathlib import Path
 from typing import Optional
@@ -148,16 +149,17 @@ _TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "tru
                list: "a list"}
 
 
-def _coerce(value, tp, path):
+def coerce(value, tp, path):
+    """``value`` as type ``tp`` (``ConfigError`` naming ``path`` if it is not one), refusing what JAX cannot take."""
     origin = typing.get_origin(tp)
-    if origin is typing.Union:  # Optional[X], or one of several types
+    if origin in (typing.Union, types.UnionType):  # Optional[X], or one of several types
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None and len(args) < len(typing.get_args(tp)):
             return None
         errors = []
         for arg in args:
             try:
-                return _coerce(value, arg, path)
+                return coerce(value, arg, path)
             except ConfigError as err:
                 errors.append(err)
         # A value of the right type but out of range (an int past int32) says so, not "a string".
@@ -199,7 +201,7 @@ def build(cls, data: dict, prefix: str = ""):
     kwargs = {}
     for key, value in data.items():
         field = fields[key]
-        kwargs[field.name] = value = _coerce(value, hints[field.name], prefix + key)
+        kwargs[field.name] = value = coerce(value, hints[field.name], prefix + key)
         if "ok" in field.metadata and not field.metadata["ok"](value):
             shown = "empty" if isinstance(value, str) and not value.strip() else repr(value)
             raise ConfigError(f"{prefix}{key}: {shown}; allowed: {field.metadata['allowed']}")

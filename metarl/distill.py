@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from metarl.cli import FIGURES, fail
+from metarl.cli import FIGURES, check_run_to_read, command_line, fail
 from metarl.config import ConfigError
-from metarl.inspect import at_least, check_run_dir, parse_args
 
 DISTILL_JSON = "distill.json"
 FIGURE = "distill.png"
@@ -299,7 +298,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     return report, problem, visited
 
 
-def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: int = 0,
+def distill(run_dir: str | Path, generation: int | str = "best", max_size: int = 25, seed: int = 0,
             evaluations: int = 200_000, samples: int = 2000) -> dict:
     """Fit formulas to the run's learned component (the exported best, or the best found up to a kept
     checkpoint's ``generation``); returns (and writes) the report. Bad input raises ``ConfigError`` (a
@@ -311,11 +310,13 @@ def distill(run_dir: str | Path, generation="best", max_size: int = 25, seed: in
     from metarl.kinds import KINDS
     from metarl.scores import build_evolution
 
+    if generation != "best" and (isinstance(generation, str) or generation < 0):
+        raise ConfigError(f"generation: {generation!r}; allowed: best, or a checkpointed generation number")
     for name, value, least in (("max_size", max_size, 3), ("evaluations", evaluations, 1000),
                                ("samples", samples, 10)):
         if value < least:
             raise ConfigError(f"{name}: {value}; allowed: >= {least}")
-    check_run_dir(run_dir)
+    check_run_to_read(run_dir)
     run_dir = Path(run_dir)
     t = time.perf_counter()
     cfg, task = results.load_run(run_dir)
@@ -460,10 +461,7 @@ def load_formula(run_dir: Path, k: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    generation = at_least(0, "value (best or a checkpointed generation number)", "best")
-    run_dir, opts = parse_args(argv, {"generation": (generation, "best"), "max_size": (int, 25), "seed": (int, 0),
-                                      "evaluations": (int, 200_000), "samples": (int, 2000)}, __doc__)
+    run_dir, opts = command_line(sys.argv[1:] if argv is None else argv, distill, __doc__)
     from metarl.checkpoints import CheckpointError  # loads JAX: --help and bad arguments are answered without it
 
     try:

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from metarl.cli import FIGURES, fail
+from metarl.cli import FIGURES, check_run_to_read, command_line, fail
 from metarl.config import ConfigError
-from metarl.inspect import at_least, check_run_dir, parse_args
 from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
@@ -187,11 +186,15 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
 
     if tasks is not None and (env or total_timesteps):
         raise ConfigError("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
+    if tasks is not None and not tasks:
+        raise ConfigError("tasks: []; allowed: a non-empty list such as [CartPole-v1,Acrobot-v1]")
+    if num_cpu_devices != "auto" and (isinstance(num_cpu_devices, str) or num_cpu_devices < 1):
+        raise ConfigError(f"num_cpu_devices: {num_cpu_devices!r}; allowed: auto or a positive integer")
     if num_seeds < 2:
         raise ConfigError(f"num_seeds: {num_seeds}; allowed: >= 2 (a confidence interval needs two)")
     if total_timesteps is not None and total_timesteps <= 0:
         raise ConfigError(f"total_timesteps: {total_timesteps}; allowed: > 0")
-    check_run_dir(run_dir)
+    check_run_to_read(run_dir)
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
@@ -321,30 +324,12 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _tasks_arg(value: str) -> list:
-    import yaml
-
-    tasks = yaml.safe_load(value)
-    if not isinstance(tasks, list) or not tasks:
-        raise ValueError(value)
-    return tasks
-
-
-_tasks_arg.expected = "non-empty list such as [CartPole-v1,Acrobot-v1]"
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    run_dir, opts = parse_args(argv, {"env": (str, None), "num_seeds": (int, 32), "total_timesteps": (int, None),
-                                      "num_cpu_devices": (at_least(1, "positive integer or auto", "auto"), "auto"),
-                                      "tasks": (_tasks_arg, None),
-                                      "distilled": (at_least(0, "formula number K >= 0 of the run's distill.json"),
-                                                    None)}, __doc__)
+    run_dir, opts = command_line(sys.argv[1:] if argv is None else argv, evaluate, __doc__)
     from metarl.checkpoints import CheckpointError  # loads JAX: --help and bad arguments are answered without it
 
     try:
-        report = evaluate(run_dir, opts["env"], opts["num_seeds"], opts["total_timesteps"], opts["num_cpu_devices"],
-                          opts["tasks"], opts["distilled"])
+        report = evaluate(run_dir, **opts)
     except (ConfigError, CheckpointError) as err:
         fail(str(err).splitlines()[0])
     print(format_report(report))

@@ -1,15 +1,17 @@
-"""One run per run directory (docs/resume.md): ``fcntl.flock`` on ``RUN_DIR/.lock``, not a PID file: the
-kernel drops it when the last descriptor of the open file closes (SIGKILL included), so no stale lock is
-left; the PID and host written in the file only name the holder to a refused process.
+"""One run per run directory (docs/resume.md): filelock's lock on ``RUN_DIR/.lock`` (``fcntl.flock``
+underneath, not a PID file): the kernel drops it when the holder's descriptor closes, SIGKILL included,
+so no stale lock is left. The PID and host written in the file only name the holder to a refused
+process (filelock opens the file without truncating it).
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import socket
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 LOCK_FILE = ".lock"
 
@@ -19,40 +21,39 @@ class RunDirLocked(RuntimeError):
 
 
 class RunLock:
-    def __init__(self, fd: int, run_dir: Path):
-        self.fd, self.run_dir = fd, run_dir
+    """A held run directory; the lock is released by ``release`` or when this process ends."""
+
+    def __init__(self, lock: FileLock, run_dir: Path):
+        self.lock, self.run_dir = lock, run_dir
 
     def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # closing the descriptor releases the lock
-            self.fd = -1
+        self.lock.release(force=True)
 
 
-def _holder(fd: int) -> str:
+def _holder(path: Path) -> str:
     """Who holds the lock, from what the holder wrote: ``pid P host H``."""
-    try:
-        holder = re.match(r"pid (\d+) host (\S+)\n", os.pread(fd, 4096, 0).decode(errors="replace"))
-    except OSError:
-        holder = None
-    return "another process" if holder is None else f"process {holder[1]} on host {holder[2]}"
+    with contextlib.suppress(OSError):
+        holder = re.match(r"pid (\d+) host (\S+)\n", path.read_text(errors="replace"))
+        if holder:
+            return f"process {holder[1]} on host {holder[2]}"
+    return "another process"
 
 
 def acquire(run_dir: str | Path) -> RunLock:
     """Create ``run_dir`` if needed and hold its lock, or raise ``RunDirLocked`` having changed nothing
-    (the lock file of a held directory already exists and is only opened)."""
+    (the lock file of a held directory already exists and is only opened). Keep the returned lock: it is
+    released when it is garbage-collected."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    path = run_dir / LOCK_FILE
+    lock = FileLock(path, timeout=0, thread_local=False)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise RunDirLocked(f"run_dir: {run_dir} is in use by {holder}; allowed: wait for that run to end "
+        lock.acquire()
+    except Timeout:
+        raise RunDirLocked(f"run_dir: {run_dir} is in use by {_holder(path)}; allowed: wait for that run to end "
                            "(or stop it), or choose another run_dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode(), 0)
-    return RunLock(fd, run_dir)
+    path.write_text(f"pid {os.getpid()} host {socket.gethostname()}\n")
+    return RunLock(lock, run_dir)
 
 
 def acquire_new(candidate: str | Path) -> RunLock:
@@ -68,7 +69,7 @@ def acquire_new(candidate: str | Path) -> RunLock:
 
 def unique_dir(path: Path) -> Path:
     """``path``, or ``path-2``, ``path-3``, ... if it exists; made unique for good when it is created
-    (``runlock.acquire_new``, or the sweep's exclusive mkdir)."""
+    (``acquire_new``)."""
     candidate, n = path, 1
     while candidate.exists():
         n += 1

@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import os
+import shlex
 import sys
 import traceback
 from pathlib import Path
@@ -68,17 +69,12 @@ def run_job(composed, hydra_cfg) -> float:
         rows = write_summary(sweep_dir)
         _end_mlflow(sweep_dir, rows, stopped=True)
         print(f"\nsweep stopped: {len(rows)} job(s); summary in {sweep_dir / SUMMARY_CSV}", flush=True)
-        print(f"continue with: python -m metarl.evolve -m {' '.join(_sweep_args(hydra_cfg))} run_dir={sweep_dir}",
+        again = [a for a in sys.argv[1:] if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
+        print(f"continue with: python -m metarl.evolve {shlex.join([*again, f'run_dir={sweep_dir}'])}",
               file=sys.stderr, flush=True)
         raise SystemExit(row["exit_code"])
     best = _results(run_dir)["best"]
     return math.nan if best is None else best
-
-
-def _sweep_args(hydra_cfg) -> list[str]:
-    """The sweep's own command line (its sweep values included), without its directory."""
-    args = [a for a in sys.argv[1:] if not a.startswith("-")]
-    return [a for a in args if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
 
 
 def _run(composed, run_dir: Path, overrides: list[str]) -> int:

@@ -152,3 +152,20 @@ def test_eval_keys_avoid_the_runs_root():
     root, keys = evaluate.eval_keys(evaluate.EVAL_ROOT, 3)
     assert root != evaluate.EVAL_ROOT and keys.shape == (3,)
     assert evaluate.eval_keys(0, 3)[0] == evaluate.EVAL_ROOT
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("module, arg, message", [
+    ("metarl.evaluate", "num_seeds=abc", "error: num_seeds: 'abc'; allowed: an integer"),
+    ("metarl.evaluate", "tasks=CartPole-v1", "error: tasks: 'CartPole-v1'; allowed: a list"),
+    ("metarl.evaluate", "typo=1", "error: argument 'typo=1': not a setting of this command; allowed: env="),
+    ("metarl.distill", "generation=[1", "error: generation: "),
+    ("metarl.distill", "seed=1,2", "error: argument 'seed=1,2': not a setting of this command"),
+    ("metarl.inspect", "error_range=wide", "error: error_range: 'wide'; allowed: a number"),
+])
+def test_the_commands_that_read_a_run_read_values_as_evolve_does(tmp_path, module, arg, message):
+    # Hydra's override grammar, checked against the argument's type, before the run directory is read.
+    proc = subprocess.run([sys.executable, "-m", module, str(tmp_path), arg], capture_output=True, text=True,
+                          env=env_vars(), timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

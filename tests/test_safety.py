@@ -18,7 +18,7 @@ from metarl.logger import Logger, read_metrics, truncate_metrics
 
 HOLD = ("import sys, time\n"
         "from metarl import runlock\n"
-        "runlock.acquire(sys.argv[1])\n"
+        "lock = runlock.acquire(sys.argv[1])\n"
         "print('held', flush=True)\n"
         "time.sleep(120)\n")
 
