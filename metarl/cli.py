@@ -9,6 +9,9 @@ import sys
 import typing
 from pathlib import Path
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+
 from metarl import config as config_lib
 from metarl.config import CONFIG_FILE, ConfigError
 
@@ -30,9 +33,6 @@ def command_line(argv: list[str], function, usage: str) -> tuple[Path, dict]:
     reads it (Hydra's override grammar: ``num_seeds=32``, ``tasks=[CartPole-v1,Acrobot-v1]``,
     ``env=null``) and checked against the argument's type; ``function`` checks the ranges. ``--help``
     (or nothing) prints ``usage``. Bad input: one line, exit code 2."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         raise SystemExit(0 if argv else EXIT_BAD_INPUT)

@@ -15,6 +15,13 @@ import typing
 from pathlib import Path
 from typing import Optional
 
+from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from metarl import experiments as _experiments_pkg
 from metarl.outer_loops.es_config import ESConfig
 from metarl.inner_loops.config_checks import INT32_MAX
@@ -47,7 +54,6 @@ def _positive(default: int):
 class ESSection(ESConfig):
     """The ``es`` section: the evolution driver's own settings (``ESConfig``), handed to it as they
     are, plus how many generations to run and where the search starts (the component's ``init``)."""
-
     generations: int = _positive(30)
     init_mean: str = _choice("zeros", "init")
 
@@ -246,8 +252,6 @@ def schema():
     primary config's defaults list, so a misspelt key is refused when the config is composed. Values
     are checked by ``build``. ``inner`` and ``component`` take any key: a trainer's or a component's
     own fields, checked by the class the config names."""
-    from omegaconf import MISSING, OmegaConf
-
     # resume=RUN_DIR: continue that run (metarl.evolve); not a setting of the run itself
     node = OmegaConf.create({**to_dict(RunConfig(experiment=MISSING)), "resume": None})
     for key in ("inner", "component", "es.args", "logger.mlflow.tags"):
@@ -255,18 +259,11 @@ def schema():
     return node
 
 
-def _register() -> None:
-    """The schema, and the resolver of a sweep's directory: ``run_dir``, else ``checkpoints/NAME-DATE-sweep``
-    (with Hydra's ``now``, which its launchers carry to every job)."""
-    from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
-
-    ConfigStore.instance().store(name="metarl_schema", node=schema())
-    OmegaConf.register_new_resolver("metarl_sweep_dir", lambda run_dir, experiment, date: run_dir or
-                                    f"checkpoints/{experiment or 'sweep'}-{date}-sweep", replace=True)
-
-
-_register()
+# The schema, and the resolver of a sweep's directory: ``run_dir``, else ``checkpoints/NAME-DATE-sweep``
+# (with Hydra's ``now``, which its launchers carry to every job).
+ConfigStore.instance().store(name="metarl_schema", node=schema())
+OmegaConf.register_new_resolver("metarl_sweep_dir", lambda run_dir, experiment, date: run_dir or
+                                f"checkpoints/{experiment or 'sweep'}-{date}-sweep", replace=True)
 
 
 def default_run_dir(experiment: str) -> Path:
@@ -309,9 +306,6 @@ def one_line(err: Exception) -> ConfigError:
 
 def from_composed(composed) -> RunConfig:
     """The checked config of a composition (a run's or a sweep job's), without Hydra's section."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     if composed.get("experiment", None) is None:
         raise ConfigError(f"experiment: missing; allowed: experiment={'|'.join(experiment_names())} "
                           "(or resume=RUN_DIR)")
@@ -329,11 +323,6 @@ def from_composed(composed) -> RunConfig:
 def load(experiment: str, overrides: list[str] = (), config_dir: Optional[str] = None) -> RunConfig:
     """The checked config of ``experiment`` with ``overrides``, as ``python -m metarl.evolve`` would
     compose it (Hydra's compose API); ``config_dir``: a folder with your own ``experiment/NAME.yaml``."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     search = [f"hydra.searchpath=[{Path(config_dir).resolve().as_uri()}]"] if config_dir else []
     try:
         with initialize_config_module("metarl.experiments", version_base="1.3"):
@@ -353,8 +342,6 @@ def from_dict(data: dict) -> RunConfig:
 
 def save(cfg: RunConfig, run_dir: Path) -> None:
     """Write ``RUN_DIR/config.yaml`` whole or not at all (a rename over the old one)."""
-    from omegaconf import OmegaConf
-
     from metarl.checkpoints import atomic_write  # with JAX: only a run, which has loaded it, saves its config
 
     run_dir = Path(run_dir)
@@ -365,8 +352,6 @@ def save(cfg: RunConfig, run_dir: Path) -> None:
 def read_saved(run_dir, field: Optional[str] = None) -> dict:
     """A run directory's ``config.yaml`` as plain data, unchecked; ``ConfigError`` if it is missing or
     is no YAML mapping, naming first the ``field`` (if any) that gave the directory."""
-    from omegaconf import OmegaConf
-
     path = Path(run_dir) / CONFIG_FILE
     where = f"{field}: {path}" if field else path
     if not path.is_file():

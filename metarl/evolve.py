@@ -17,6 +17,7 @@ from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -54,8 +55,6 @@ def resolve(composed, hydra_cfg) -> tuple:
 def _resume(resume: str, hydra_cfg) -> tuple:
     """``resume=RUN_DIR``: the run's saved config with the command line's settings applied, read as on
     a first run (Hydra's parser), so a value means the same on a resume."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     given = [o for o in _task_overrides(hydra_cfg) if o.split("=", 1)[0].lstrip("+~") != "resume"]
     hydra_keys = [o for o in given if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
     if hydra_keys:
