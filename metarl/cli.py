@@ -17,7 +17,7 @@ from metarl.config import CONFIG_FILE, ConfigError
 
 EXIT_BAD_INPUT = 2
 FIGURES = "figures"  # RUN_DIR/figures: where inspect, evaluate, distill and a logged run write figures
-# Signals that stop a run after the generation in flight, with a checkpoint (``metarl.runner``).
+# Signals that stop a run after the generation in flight, with a checkpoint (``metarl.run``).
 # SIGHUP is what a closed terminal sends.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -308,7 +308,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
 
     from metarl import checkpoints, plots, results
     from metarl.kinds import KINDS
-    from metarl.scores import build_evolution
+    from metarl.run import build_evolution
 
     if generation != "best" and (isinstance(generation, str) or generation < 0):
         raise ConfigError(f"generation: {generation!r}; allowed: best, or a checkpointed generation number")
@@ -462,7 +462,7 @@ def load_formula(run_dir: Path, k: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     run_dir, opts = command_line(sys.argv[1:] if argv is None else argv, distill, __doc__)
-    from metarl.checkpoints import CheckpointError  # loads JAX: --help and bad arguments are answered without it
+    from metarl.checkpoints import CheckpointError  # JAX: seconds that --help and bad arguments do without
 
     try:
         report = distill(run_dir, **opts)

@@ -326,7 +326,7 @@ def format_report(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     run_dir, opts = command_line(sys.argv[1:] if argv is None else argv, evaluate, __doc__)
-    from metarl.checkpoints import CheckpointError  # loads JAX: --help and bad arguments are answered without it
+    from metarl.checkpoints import CheckpointError  # JAX: seconds that --help and bad arguments do without
 
     try:
         report = evaluate(run_dir, **opts)

@@ -86,14 +86,14 @@ def app(composed) -> Optional[float]:
     _task_started.append(True)
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        from metarl import sweep  # loads JAX: the sweep's callback has set up the devices first
+        from metarl import sweep  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
 
         return sweep.run_job(composed, hydra_cfg)
     try:  # an exception would reach Hydra, which prints a line of its own: exit here
         cfg, run_dir, resuming, named = resolve(composed, hydra_cfg)
     except ConfigError as err:
         fail(str(err))
-    from metarl.job import execute  # loads JAX (gymnax starts its backends): after the checks above
+    from metarl.run import execute  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
 
     code = execute(cfg, run_dir, resuming, named)
     if code:
@@ -123,7 +123,7 @@ class RunHooks(Callback):
 
 
 def _sweep():
-    from metarl import sweep  # loads JAX (gymnax starts its backends): a sweep sets the devices first
+    from metarl import sweep  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
 
     return sweep
 

@@ -28,7 +28,7 @@ def figures(run_dir: str | Path, error_range: float = 5.0) -> list[Path]:
     the span of prediction errors the value-loss figures show. Bad input raises ``ConfigError``."""
     if not error_range > 0:
         raise ConfigError(f"error_range: {error_range}; allowed: > 0")
-    from metarl.figures import write_figures  # loads JAX and matplotlib: bad arguments are answered without them
+    from metarl.figures import write_figures  # JAX, matplotlib, scipy: seconds that bad arguments do without
 
     return write_figures(run_dir, error_range)
 

@@ -31,8 +31,8 @@ from omegaconf.errors import OmegaConfBaseException
 from metarl import config as config_lib
 from metarl import compilation, devices
 from metarl.checkpoints import atomic_write
-from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, fail
-from metarl.job import check_existing, check_run, execute
+from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
+from metarl.run import check, execute
 from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
 
 JOBS_DIR = "jobs"
@@ -189,7 +189,7 @@ def start(master) -> None:
                      "core), or a launcher that runs each job in processes of its own "
                      "(hydra/launcher=submitit_slurm)")
             devices.use_cpu_cores(cfg.devices.num_cpu_devices)  # before JAX starts; the jobs share them
-            task = check_run(cfg, setup_devices=False)
+            task = check(cfg, setup_devices=False)
             if known:
                 _CHECKED[tuple(job)] = (cfg, task)
             cfgs.append(cfg)

@@ -32,9 +32,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 from flax import struct
 
+# evosax's algorithms start JAX's backends when they are imported, so they are imported when a
+# strategy is built (es_config.make_strategy), not with this module: a run sets its devices first.
 from metarl.outer_loops.es_config import OPTIMIZERS, ESConfig, make_strategy, strategy_tables  # noqa: F401 (part of this module's API)
 
-STRATEGIES, UNSUPPORTED, FITNESS_SHAPING = strategy_tables()
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 # The per-generation signal statistics, by their names in stats, metrics.jsonl, wandb, MLflow and the
 # inspect figure (docs/signal.md).

@@ -15,7 +15,7 @@ from test_inspect import check_image
 from metarl import distill, evaluate, inspect, results
 from metarl.inner_loops import plugins
 from metarl.config import ConfigError
-from metarl.job import check_run
+from metarl.run import check
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, VALUE_LOSS_INPUTS, FormulaDrift,
                                            FormulaValueLoss, Progress, parse_formula)
 from metarl.inner_loops.ppo import PPOConfig
@@ -179,4 +179,4 @@ def test_refusals_are_one_line(run, tmp_path, capsys):
     cfg = results.load_config(run)
     formula = {"kind": "value_loss", "_target_": KINDS["value_loss"].formula, "expression": "error**2"}
     with pytest.raises(ConfigError, match="^component._target_: FormulaValueLoss has no meta-parameters"):
-        check_run(dataclasses.replace(cfg, component=formula), setup_devices=False)
+        check(dataclasses.replace(cfg, component=formula), setup_devices=False)

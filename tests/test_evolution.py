@@ -6,7 +6,9 @@ import pytest
 
 from evosax.algorithms import algorithms as evosax_algorithms
 
-from metarl.outer_loops.evolution import STRATEGIES, UNSUPPORTED, ESConfig, Evolution, replace_nonfinite
+from metarl.outer_loops.evolution import ESConfig, Evolution, replace_nonfinite, strategy_tables
+
+STRATEGIES, UNSUPPORTED, _ = strategy_tables()
 
 TARGET = {"w": jnp.array([1.0, -2.0, 0.5]), "b": jnp.array(1.5)}
 TEMPLATE = jax.tree.map(jnp.zeros_like, TARGET)

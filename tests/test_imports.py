@@ -1,6 +1,8 @@
 """The import structure of metarl: no cycle between its modules, the layers inner_loops < outer_loops <
-the harness (the contracts in pyproject.toml's [tool.importlinter], checked by import-linter), and JAX's
-and Hydra's private modules used in one place each."""
+the harness (the contracts in pyproject.toml's [tool.importlinter], checked by import-linter), JAX's
+private modules used in one place, none of Hydra's, and every module importable before a run sets
+its devices."""
+import os
 import re
 import shutil
 import subprocess
@@ -41,8 +43,22 @@ def test_jax_private_modules_are_used_in_one_module():
     assert users == ["metarl/jax_private.py"]
 
 
-def test_config_uses_no_private_hydra_module():
-    # The command line's path to a config (config.py, evolve.py) composes through Hydra's public API;
-    # only the sweep drives Hydra's sweeper and launcher itself.
-    for module in ("config.py", "evolve.py"):
-        assert "hydra._internal" not in (ROOT / "metarl" / module).read_text(), module
+def test_no_private_hydra_module_is_used():
+    # The command line, the config and the sweep go through Hydra's public API only.
+    users = [p.relative_to(ROOT).as_posix() for p in python_files() if "hydra._internal" in p.read_text()]
+    assert users == []
+
+
+def test_every_harness_module_imports_before_the_devices_are_set():
+    # A run sets its CPU device count (JAX's jax_num_cpu_devices) before JAX starts its backends; no
+    # module of the harness, nor the evolution driver, may start them when it is imported (gymnax
+    # does, so the trainers import it only when an environment is made).
+    modules = sorted(p.stem for p in (ROOT / "metarl").glob("*.py") if p.stem not in ("__init__", "__main__"))
+    code = ("import importlib, jax\n"
+            f"for name in {modules!r} + ['outer_loops.evolution']:\n"
+            "    importlib.import_module('metarl.' + name)\n"
+            "jax.config.update('jax_num_cpu_devices', 2)\n"
+            "assert len(jax.devices('cpu')) == 2\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -7,7 +7,7 @@ import pytest
 from flax import struct
 
 from metarl import config as config_lib
-from metarl import evaluate, figures, kinds, plots, results, runner
+from metarl import evaluate, figures, kinds, plots, results, run
 from metarl.config import ConfigError
 from metarl.tasks import build_task, check_memory
 
@@ -88,7 +88,7 @@ def test_a_kind_added_by_one_registration_runs_end_to_end(step_scale_kind, tmp_p
     cfg = config_lib.from_dict({**RUN, "run_dir": str(tmp_path / "run")})
     run_dir = tmp_path / "run"
     config_lib.save(cfg, run_dir)
-    summary = runner.run(cfg, run_dir, mesh=None)
+    summary = run.run_generations(cfg, run_dir, mesh=None)
     assert summary["generations"] == 2
 
     paths = figures.write_figures(run_dir)

@@ -40,7 +40,8 @@ def available() -> list[str]:
 
 
 def _gymnax():
-    # Imported on use: importing gymnax starts JAX's backend, which a run's processes must join first.
+    # Imported on use: importing gymnax starts JAX's backends (gymnax's FrozenLake builds arrays at import),
+    # and a run sets its CPU device count first (metarl.devices.use_cpu_cores).
     # gymnax 1.0 imports `six` without declaring it; the project depends on it (see pyproject).
     import gymnax
 
