@@ -34,15 +34,10 @@ _sweep_exit: list[int] = []
 _task_started: list[bool] = []
 
 
-def _task_overrides(hydra_cfg) -> list[str]:
-    """The command line's settings of the run (not Hydra's), as given."""
-    return [str(o) for o in hydra_cfg.overrides.task]
-
-
 def resolve(composed, hydra_cfg) -> tuple:
     """From the composed config to ``(RunConfig, run_dir, resuming, named)``, refusing anything unsafe
-    and writing nothing (Hydra's own settings are checked by ``RunHooks.on_run_start``); ``named`` says the user chose the run directory (``run_dir=``); otherwise it
-    is a new one under ``checkpoints/``."""
+    and writing nothing (Hydra's own settings are checked by ``RunHooks.on_run_start``); ``named``
+    says the user chose the run directory (``run_dir=``); otherwise it is a new one under ``checkpoints/``."""
     if composed.resume:
         return _resume(composed.resume, hydra_cfg)
     cfg = config_lib.from_composed(composed)
@@ -55,11 +50,7 @@ def resolve(composed, hydra_cfg) -> tuple:
 def _resume(resume: str, hydra_cfg) -> tuple:
     """``resume=RUN_DIR``: the run's saved config with the command line's settings applied, read as on
     a first run (Hydra's parser), so a value means the same on a resume."""
-    given = [o for o in _task_overrides(hydra_cfg) if o.split("=", 1)[0].lstrip("+~") != "resume"]
-    hydra_keys = [o for o in given if o.lstrip("+~").startswith(("hydra.", "hydra/"))]
-    if hydra_keys:
-        fail(f"{hydra_keys[0].split('=', 1)[0]}: not used by a resume, which continues in its RUN_DIR with its "
-             "saved config; allowed: the run's own settings")
+    given = [str(o) for o in hydra_cfg.overrides.task if str(o).split("=", 1)[0].lstrip("+~") != "resume"]
     config_lib.check_run_dir(resume, "resume")
     run_dir = Path(resume)
     saved = config_lib.read_saved(run_dir, "resume")
