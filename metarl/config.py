@@ -31,7 +31,8 @@ EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
 CONFIG_FILE = "config.yaml"   # a run directory's resolved config: what resume, inspect and evaluate read
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
-RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "checkpoint", "logger", "devices")
+RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "fitness.validation_seeds", "checkpoint", "logger",
+                    "devices")
 
 
 # --- the schema ----------------------------------------------------------------------------------
@@ -72,6 +73,32 @@ class FitnessSection:
     control: str = _choice("none", "baseline", "paired")   # docs/signal.md
     # seeds of the reference returns normalize=baseline scores against
     reference_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=32)
+    # The final pick (docs/signal.md): the validation_top best members found and the search's mean are
+    # scored again on validation_seeds seeds the search never used, and the best of them is exported.
+    # 0: none; the best member as the search found it is exported.
+    validation_top: int = _checked("an integer >= 0", lambda top: top >= 0, default=0)
+    validation_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=16)
+
+
+def _search_space(space) -> bool:
+    return all(isinstance(v, dict) and set(v) <= {"low", "high", "log"} for v in space.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineSection:
+    """The baseline a search is measured against (docs/results.md): the trainer as configured, or,
+    with ``tune``, the trainer with those hyperparameters tuned on the run's tasks first, with the same
+    fitness, on seeds of its own, by the same search (a ``component.kind=hyperparams`` search in
+    RUN_DIR/tune) with at least the search's own number of trainings. The tuned values then replace
+    the configured ones everywhere: the learned part starts from them, and the normalised fitness, the
+    control, ``evaluate`` and the figures compare with the tuned baseline."""
+    # hyperparameter: {low, high, log} (as component.search of kind hyperparams); empty: no tuning
+    tune: dict = _checked("a mapping such as {lr: {low: 1e-4, high: 1e-2, log: true}}", _search_space,
+                          default_factory=dict)
+    generations: Optional[int] = _checked("a positive integer, or null (es.generations)",
+                                          lambda n: n is None or n > 0, default=None)
+    # es.* settings of the tuning search that differ from the run's own (e.g. {strategy: Sep_CMA_ES, std_init: 1.0})
+    es: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +167,7 @@ class RunConfig:
     inner: dict = dataclasses.field(default_factory=lambda: {"algo": "ppo"})
     es: ESSection = ESSection()
     fitness: FitnessSection = FitnessSection()
+    baseline: BaselineSection = BaselineSection()
     checkpoint: CheckpointSection = CheckpointSection()
     logger: LoggerSection = LoggerSection()
     devices: DevicesSection = DevicesSection()
@@ -254,7 +282,7 @@ def schema():
     own fields, checked by the class the config names."""
     # resume=RUN_DIR: continue that run (metarl.evolve); not a setting of the run itself
     node = OmegaConf.create({**to_dict(RunConfig(experiment=MISSING)), "resume": None})
-    for key in ("inner", "component", "es.args", "logger.mlflow.tags"):
+    for key in ("inner", "component", "es.args", "logger.mlflow.tags", "baseline.tune", "baseline.es"):
         OmegaConf.set_struct(OmegaConf.select(node, key), False)
     return node
 
@@ -331,6 +359,20 @@ def load(experiment: str, overrides: list[str] = (), config_dir: Optional[str] =
             return from_composed(composed)
     except (HydraException, OmegaConfBaseException) as err:
         raise one_line(err) from None
+
+
+TUNED_FILE = "tuned.json"   # a run's tuned baseline (baseline.tune): its hyperparameters, budget and pick
+
+
+def read_tuned(run_dir) -> Optional[dict]:
+    """RUN_DIR/tuned.json (None where the run tunes no baseline, or has not yet)."""
+    path = Path(run_dir) / TUNED_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def with_tuned(cfg: RunConfig, tuned: Optional[dict]) -> RunConfig:
+    """``cfg`` with the tuned baseline's hyperparameters (``read_tuned``) in place of the configured ones."""
+    return cfg if tuned is None else dataclasses.replace(cfg, inner={**cfg.inner, **tuned["hyperparameters"]})
 
 
 def from_dict(data: dict) -> RunConfig:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from metarl.cli import FIGURES, check_run_to_read, command_line, fail
-from metarl.config import ConfigError
+from metarl.config import ConfigError, read_tuned
 from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
@@ -65,17 +65,22 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
             "significant": bool(welch.pvalue < ALPHA)}
 
 
-def side_labels(task, formula=None) -> list[str]:
-    """The learned side, the baseline and, with ``formula`` (``_load``'s), formula K."""
-    return [f"learned {task.kind}", "baseline: " + task.kind.baseline(task.inner_config)] + (
-        [f"formula {formula[0]['k']}"] if formula else [])
+def side_labels(task, formula=None, configured=None) -> list[str]:
+    """The learned side, the baseline the scores are normalised by (the tuned one where the run tuned
+    it), with ``formula`` (``_load``'s) formula K, and with ``configured`` (a task of the untuned
+    config) the baseline as configured."""
+    baseline = task.kind.baseline(task.inner_config)
+    return ([f"learned {task.kind}", ("tuned baseline: " if configured else "baseline: ") + baseline]
+            + ([f"formula {formula[0]['k']}"] if formula else [])
+            + (["baseline as configured: " + task.kind.baseline(configured.inner_config)] if configured else []))
 
 
 def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None,
           distilled: int | None = None):
     """The run's config, the evaluation's task (every task it evaluates, in order), which of them the
-    run trained on, its best meta-params and their info, and with ``distilled`` the formula's
-    ``(front entry, task with the formula component)`` (else None).
+    run trained on, its best meta-params and their info, with ``distilled`` the formula's
+    ``(front entry, task with the formula component)`` (else None), and where the run tuned its
+    baseline the task as configured (else None).
 
     Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task; else the run's own
     tasks followed by its held-out ``eval_tasks``."""
@@ -104,14 +109,19 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
         entry = load_formula(run_dir, distilled)
         formula = entry, build_task(dataclasses.replace(cfg, component=entry["component"]), task.specs)
     on_train = [_spec_key(s) in trained_keys for s in task.specs]
-    return cfg, task, on_train, meta, info, formula
+    configured = None
+    if read_tuned(run_dir) is not None:
+        from metarl.tasks import build_task
+
+        configured = build_task(results.load_config(run_dir, tuned=False), task.specs)
+    return cfg, task, on_train, meta, info, formula, configured
 
 
 def _spec_key(spec) -> tuple:
     return spec.env, spec.env_args, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
 
 
-def _train_sides(task, meta, keys, formula=None, mesh=None):
+def _train_sides(task, meta, keys, formula=None, mesh=None, configured=None):
     """Per task, learning curves ``(seeds, updates)`` of each side (``side_labels``) on ``keys`` (each one
     vmapped, jitted call, its agents split over ``mesh``), and the random policy's return per seed;
     returns ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds).
@@ -125,9 +135,11 @@ def _train_sides(task, meta, keys, formula=None, mesh=None):
     trains = [[make(meta) for make in task.trainers], task.baselines]  # per side, per task: train(key)
     if formula is not None:
         trains.append([make({}) for make in formula[1].trainers])
+    if configured is not None:
+        trains.append(configured.baselines)
     programs = {(spec.name, "random"): lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())
                 for spec in task.specs}
-    for side, per_task in zip(side_labels(task, formula), trains):
+    for side, per_task in zip(side_labels(task, formula, configured), trains):
         for spec, train in zip(task.specs, per_task):
             programs[(spec.name, side)] = lambda k, train=train: train(k)[1]["episode_return"]
     # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
@@ -198,13 +210,14 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
-    cfg, task, on_train, meta, info, formula = _load(run_dir, env, total_timesteps, tasks, distilled)
+    cfg, task, on_train, meta, info, formula, configured = _load(run_dir, env, total_timesteps, tasks, distilled)
     root, keys = eval_keys(cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
-    curves, seconds, compile_s = _train_sides(task, meta, keys, formula, mesh)
+    curves, seconds, compile_s = _train_sides(task, meta, keys, formula, mesh, configured)
 
-    labels = side_labels(task, formula)
+    labels = side_labels(task, formula, configured)
     learned_label, baseline_label = labels[:2]
+    configured_label = labels[-1] if configured else None
     rows, normalized = [], {True: [], False: []}  # per split, per task: {side: normalised scores}
     for spec, inner, trained in zip(task.specs, task.inner_configs, on_train):
         c = curves[spec.name]
@@ -224,6 +237,8 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
                "test": compare(finals[learned_label], finals[baseline_label])}
         if formula:
             row["test_formula"] = compare(finals[labels[2]], finals[baseline_label])
+        if configured:
+            row["test_configured"] = compare(finals[learned_label], finals[configured_label])
         rows.append(row)
     aggregates = {}
     for trained, name in ((False, "held-out"), (True, "trained-on")):
@@ -232,13 +247,16 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
             aggregates[name] = aggregate(scores_of[learned_label], scores_of[baseline_label])
             if formula:
                 aggregates[name]["formula"] = aggregate(scores_of[labels[2]], scores_of[baseline_label])
+            if configured:
+                aggregates[name]["vs_configured"] = aggregate(scores_of[learned_label], scores_of[configured_label])
 
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
         "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
         "best_generation": info.get("generation"), "best_fitness": info.get("fitness"),
         "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
-        "normalized": "(R - random policy) / (baseline mean - random policy), per task",
+        "normalized": f"(R - random policy) / ({'tuned ' if configured else ''}baseline mean - random policy), per task",
+        "tuned": read_tuned(run_dir),
         "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
     }
     if formula:
@@ -260,7 +278,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         row["figure"] = str(plots.save(fig, run_dir / FIGURES / name))
     if len(rows) > 1:
         fig = plots.task_scores_figure(rows, aggregates, learned_label, baseline_label,
-                                       labels[2] if formula else None)
+                                       labels[2] if formula else None, configured_label)
         report["figure"] = str(plots.save(fig, run_dir / FIGURES / f"evaluation{suffix}.png"))
     else:
         report["figure"] = rows[0]["figure"]
@@ -288,35 +306,55 @@ def format_report(report: dict) -> str:
     lines = [f"{report['kind']} from {report['run_dir']} (best of generation {report['best_generation']}): "
              f"{report['num_seeds']} fresh seeds per side and task (fold_in(key({report['key_root']}), i))",
              f"final return = {report['statistic']}; normalised = {report['normalized']}", ""]
-    learned, baseline, *formula = list(report["tasks"][0]["sides"])
+    row0 = report["tasks"][0]
+    learned, baseline, *others = list(row0["sides"])
+    formula = [label for label in others if label.startswith("formula")]
+    configured = [label for label in others if not label.startswith("formula")]
     if formula:
         f = report["formula"]
         lines.insert(2, f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
                         "learned function; python -m metarl.distill)")
+    if report.get("tuned"):
+        t = report["tuned"]
+        lines.insert(2, "tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
+                                                       for k, v in t["hyperparameters"].items())
+                     + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})")
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
-    # Per challenger (the learned side, the formula), its normalised score and Welch's p against the baseline.
-    scores = [("norm. learned", "p learned"), ("norm. formula", "p formula")] if formula else [
-        ("normalised", "p (Welch)")]
-    score_width = 15 if formula else 11
+    # The normalised score of each challenger and Welch's p against each baseline.
+    tests = [(learned, "test", "p vs tuned" if configured else "p (Welch)")]
+    tests += [(learned, "test_configured", "p vs config")] if configured else []
+    tests += [(formula[0], "test_formula", "p formula")] if formula else []
+    scored = [learned, *formula]
+    short = lambda label: label.split(":")[0]
     lines.append(f"{'task':<{width}}{'split':<12}"
-                 + "".join(f"{s + ' [95% CI]':<28}" for s in ["learned", *formula, "baseline"])
-                 + "".join(f"{n:>{score_width}}{p:>11}" for n, p in scores))
+                 + "".join(f"{short(s) + ' [95% CI]':<28}" for s in [learned, *formula, baseline, *configured])
+                 + "".join(f"{'norm. ' + short(s).split()[0]:>15}" for s in scored)
+                 + "".join(f"{name:>13}" for _, _, name in tests))
     cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (
         f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
     for r in report["tasks"]:
         lines.append(f"{r['task']:<{width}}{r['split']:<12}"
-                     + "".join(f"{cell(r['sides'][s]):<28}" for s in [learned, *formula, baseline])
-                     + "".join(f"{r['normalized'][s]:>{score_width}.3f}{r[test]['welch_p']:>11.3g}"
-                               for s, test in zip([learned, *formula], ["test", "test_formula"])))
+                     + "".join(f"{cell(r['sides'][s]):<28}" for s in [learned, *formula, baseline, *configured])
+                     + "".join(f"{r['normalized'][s]:>15.3f}" for s in scored)
+                     + "".join(f"{r[test]['welch_p']:>13.3g}" for _, test, _ in tests))
     lines.append("")
     ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"
     for name, a in report["aggregate"].items():
-        for side, agg in (("learned", a), *((formula[0], a["formula"]) for _ in formula)):
-            lines.append(f"{name} ({agg['tasks']} task(s)): IQM of normalised scores {side} {agg['iqm_learned']:.3f} "
-                         f"{ci(agg['iqm_learned_ci95'])} vs baseline {agg['iqm_baseline']:.3f} "
-                         f"{ci(agg['iqm_baseline_ci95'])}; P({side} > baseline) = "
-                         f"{agg['probability_of_improvement']:.3f} {ci(agg['probability_of_improvement_ci95'])}")
-    lines.append(f"({' and '.join([learned, *formula])} vs {baseline}; stratified bootstrap CIs as rliable computes them)")
+        lines.append(f"{name} ({a['tasks']} task(s)), IQM of normalised scores: {short(learned)} {a['iqm_learned']:.3f} "
+                     f"{ci(a['iqm_learned_ci95'])}, {short(baseline)} {a['iqm_baseline']:.3f} {ci(a['iqm_baseline_ci95'])}"
+                     + (f", {short(configured[0])} {a['vs_configured']['iqm_baseline']:.3f} "
+                        f"{ci(a['vs_configured']['iqm_baseline_ci95'])}" if configured else "")
+                     + (f", {formula[0]} {a['formula']['iqm_learned']:.3f} {ci(a['formula']['iqm_learned_ci95'])}"
+                        if formula else ""))
+        lines.append(f"    P(learned > {short(baseline)}) = {a['probability_of_improvement']:.3f} "
+                     f"{ci(a['probability_of_improvement_ci95'])}"
+                     + (f"; P(learned > {short(configured[0])}) = "
+                        f"{a['vs_configured']['probability_of_improvement']:.3f} "
+                        f"{ci(a['vs_configured']['probability_of_improvement_ci95'])}" if configured else "")
+                     + (f"; P({formula[0]} > {short(baseline)}) = {a['formula']['probability_of_improvement']:.3f} "
+                        f"{ci(a['formula']['probability_of_improvement_ci95'])}" if formula else ""))
+    lines.append("(sides: " + "; ".join([learned, *formula, baseline, *configured])
+                 + "; stratified bootstrap CIs as rliable computes them)")
     if "learned_values" in report:
         lines.append("hyperparameters (learned | baseline): " + ", ".join(
             f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))

@@ -348,17 +348,22 @@ def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure
 
 
 def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, baseline: str,
-                       formula: Optional[str] = None) -> Figure:
+                       formula: Optional[str] = None, configured: Optional[str] = None) -> Figure:
     """Left: each task's normalised score (mean and 95% CI over seeds) for each side, held-out tasks
-    shaded; right: the interquartile mean per split with its stratified bootstrap CI. ``formula``: a third
-    side (a distilled formula), whose aggregates are ``aggregates[split]["formula"]``."""
+    shaded; right: the interquartile mean per split with its stratified bootstrap CI. ``baseline`` is the
+    side the scores are normalised by. ``formula``: a distilled formula, whose aggregates are
+    ``aggregates[split]["formula"]``; ``configured``: the untuned baseline beside a tuned one, whose
+    interquartile mean is ``aggregates[split]["vs_configured"]["iqm_baseline"]``."""
     fig = new_figure(11, 4.2)
     ax, agg = fig.subplots(1, 2, width_ratios=[3, 1])
     x = np.arange(len(rows))
-    # each side: x offset, label, colour, and its interquartile mean's key in aggregates[split] (or in a part of it)
-    sides = [(-0.15, learned, LEARNED, None, "iqm_learned"), (0.15, baseline, BASELINE, None, "iqm_baseline")]
+    # each side: label, colour, and its interquartile mean's key in aggregates[split] (or in a part of it)
+    sides = [(learned, LEARNED, None, "iqm_learned"), (baseline, BASELINE, None, "iqm_baseline")]
+    if configured:
+        sides.append((configured, "0.55", "vs_configured", "iqm_baseline"))
     if formula:
-        sides.append((0.0, formula, FORMULA_COLOURS[0], "formula", "iqm_learned"))
+        sides.append((formula, FORMULA_COLOURS[0], "formula", "iqm_learned"))
+    sides = [(offset, *side) for offset, side in zip(np.linspace(-0.15, 0.15, len(sides)), sides)]
     for offset, label, color, _, _ in sides:
         means = np.array([r["normalized"][label] for r in rows])
         lows, highs = np.array([r["normalized_ci95"][label] for r in rows]).T

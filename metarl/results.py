@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from metarl import checkpoints
-from metarl.config import RunConfig, from_dict, read_saved
+from metarl.config import RunConfig, from_dict, read_saved, read_tuned, with_tuned
 from metarl.logger import read_metrics
 from metarl.tasks import build_task
 
 
-def load_config(run_dir: str | Path) -> RunConfig:
-    """The run's saved config, checked as a new one is; ``ConfigError`` names what is wrong."""
-    return from_dict(read_saved(run_dir))
+def load_config(run_dir: str | Path, tuned: bool = True) -> RunConfig:
+    """The run's saved config, checked as a new one is (``ConfigError`` names what is wrong), with its
+    tuned baseline's hyperparameters in ``inner`` where it tuned one (``tuned=False``: as configured)."""
+    cfg = from_dict(read_saved(run_dir))
+    return with_tuned(cfg, read_tuned(run_dir)) if tuned else cfg
 
 
 def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = None):

@@ -21,11 +21,11 @@ from metarl import checkpoints, compilation, devices, figures, runlock
 from metarl import config as config_lib
 from metarl.checkpoints import CheckpointError, atomic_write
 from metarl.cli import check_existing, fail, stop_signals_to
-from metarl.config import CONFIG_FILE, ConfigError, RunConfig
+from metarl.config import CONFIG_FILE, TUNED_FILE, ConfigError, RunConfig
 from metarl.logger import Logger, check_mlflow, say, truncate_metrics
 from metarl.progress import progress
 from metarl.stats import t_interval
-from metarl.tasks import Task, build_task, check_memory
+from metarl.tasks import Task, build_task, check_memory, task_specs
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
 from metarl.outer_loops.fitness import degenerate, make_aggregate, spans, task_key
@@ -33,10 +33,12 @@ from metarl.outer_loops.fitness import degenerate, make_aggregate, spans, task_k
 
 # --- the reference returns and the evolution driver ---------------------------------------------
 
-REFERENCE_FILE = "reference.json"
-# Streams of the run's seed for the reference measurements; evolution splits key(seed) itself, so
-# folding in a constant gives keys it never uses.
-_BASE_STREAM, _LOW_STREAM = 0x5EED_BA5E, 0x5EED_0001
+REFERENCE_FILE, VALIDATION_FILE, TUNE_DIR = "reference.json", "validation.json", "tune"
+# Streams of the run's seed for the reference measurements and the final pick; evolution splits
+# key(seed) itself, so folding in a constant gives keys it never uses.
+_BASE_STREAM, _LOW_STREAM, _VALIDATION_STREAM = 0x5EED_BA5E, 0x5EED_0001, 0x5EED_0002
+# The tuning search's seed: the run's, with these bits flipped (never the run's own).
+_TUNING_SEED_BITS = 0x7E57_5EED
 
 
 def build_evolution(cfg, task=None, mesh: Any = "auto", reference: Optional[dict] = None):
@@ -50,7 +52,7 @@ def build_evolution(cfg, task=None, mesh: Any = "auto", reference: Optional[dict
                     describe_search=task.describe_search,
                     aggregate=make_aggregate(reference, cfg.fitness.aggregate),
                     control_fn=task.control_fn if cfg.fitness.control != "none" else None,
-                    paired=cfg.fitness.control == "paired")
+                    paired=cfg.fitness.control == "paired", keep_top=max(1, cfg.fitness.validation_top))
     return task, evo
 
 
@@ -62,21 +64,26 @@ def normalization(cfg, num_tasks: int) -> str:
 
 
 def run_reference(cfg, task, run_dir: Path, write: bool, message: Callable[[str], None],
-                  shown: bool = False) -> Optional[dict]:
+                  shown: bool = False, tuned: Optional[dict] = None) -> Optional[dict]:
     """The reference a run normalises against (None without ``normalize=baseline``): the one stored in
     its directory, or measured now (and stored, with ``write``; ``shown``: with a progress bar), then
-    described through ``message``."""
+    described through ``message``. ``tuned``: the tuned baseline's hyperparameters, which ``task``'s
+    baseline trains with."""
     if normalization(cfg, len(task.specs)) != "baseline":
         return None
     reference = load_reference(run_dir, task.names)
+    if reference is not None and reference.get("tuned") != tuned:
+        reference = None
     if reference is None:
         t = time.perf_counter()
         with progress("measuring the reference returns", total=2 * len(task.specs), enabled=shown) as bar:
             reference = measure_reference(task, cfg.seed, cfg.fitness.reference_seeds, bar.update)
+        reference["tuned"] = tuned
         if write:
             save_reference(run_dir, reference)
         message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
-    message("normalised fitness = (R - random) / (baseline - random), with 95% intervals: " + describe(reference))
+    message(f"normalised fitness = (R - random) / ({'tuned ' if tuned else ''}baseline - random), with 95% intervals: "
+            + describe(reference))
     bad = degenerate(reference)
     if bad:
         message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this budget, so its "
@@ -133,6 +140,128 @@ def load_reference(run_dir: Path, names: list[str]) -> Optional[dict]:
     return reference if reference.get("tasks") == list(names) else None
 
 
+# --- the tuned baseline ------------------------------------------------------------------------------
+
+def tuning_config(cfg: RunConfig, run_dir: str | Path) -> RunConfig:
+    """The search that tunes ``cfg``'s baseline (``baseline.tune``): kind hyperparams over those
+    hyperparameters, starting at the configured values, with the run's tasks, fitness and search
+    settings (``baseline.es`` differing, ``baseline.generations`` long), on a seed of its own, in
+    RUN_DIR/tune, reporting to the console and its metrics.jsonl only."""
+    b = cfg.baseline
+    es = dataclasses.replace(cfg.es, generations=b.generations or cfg.es.generations, init_mean="init")
+    es = config_lib.build(config_lib.ESSection, {**config_lib.to_dict(es), **b.es}, "baseline.es.")
+    logger = dataclasses.replace(cfg.logger, wandb=config_lib.WandbSection(), mlflow=config_lib.MlflowSection())
+    return dataclasses.replace(cfg, component={"kind": "hyperparams", "search": dict(b.tune)}, es=es, logger=logger,
+                               seed=cfg.seed ^ _TUNING_SEED_BITS, run_dir=str(Path(run_dir) / TUNE_DIR),
+                               baseline=config_lib.BaselineSection())
+
+
+def trainings(cfg: RunConfig) -> int:
+    """The agents a search trains: members and control, per seed, per generation."""
+    return (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds * cfg.es.generations
+
+
+def check_tuning(cfg: RunConfig) -> None:
+    """``baseline``'s settings: a tuning search that builds, is no smaller than the search, and whose
+    values no task overrides (``ConfigError``)."""
+    if not cfg.baseline.tune:
+        return
+    if cfg.component.get("kind") == "hyperparams":
+        raise ConfigError("baseline.tune: set for a search of kind hyperparams, which is itself a tuning; allowed: "
+                          "{} (empty) for kind hyperparams")
+    for field in ("tasks", "eval_tasks"):
+        for i, item in enumerate(getattr(cfg, field) or []):
+            for key in set(item.get("inner", {}) if isinstance(item, dict) else ()) & set(cfg.baseline.tune):
+                raise ConfigError(f"{field}[{i}].inner.{key}: set per task and tuned by baseline.tune; allowed: "
+                                  "one value for every task (in inner) or no tuning of it")
+    tcfg = tuning_config(cfg, ".")
+    try:
+        build_task(tcfg)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("component.search", "baseline.tune")) from None
+    if trainings(tcfg) < trainings(cfg):
+        raise ConfigError(f"baseline.generations: the tuning trains {trainings(tcfg):,} agents, fewer than the "
+                          f"search's {trainings(cfg):,}; allowed: a tuning budget at least the search's (more "
+                          "generations, or baseline.es.popsize)")
+
+
+def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict]:
+    """The tuned baseline of ``cfg`` (None without ``baseline.tune``): RUN_DIR/tuned.json's, else found
+    now by the tuning search (continuing RUN_DIR/tune where a kill left it, as a run resumes) and the
+    pick on fresh seeds, and stored."""
+    if not cfg.baseline.tune:
+        return None
+    tuned = config_lib.read_tuned(run_dir)
+    if tuned is not None:
+        names = [s.name for s in task_specs(cfg)]
+        if tuned.get("search_space") != dict(cfg.baseline.tune) or tuned.get("tasks", names) != names:
+            raise ConfigError(f"baseline.tune: {run_dir / TUNED_FILE} was tuned over another space or other tasks; "
+                              "allowed: the run's own tuning (move that file away to tune again)")
+        return tuned
+    tcfg = tuning_config(cfg, run_dir)
+    say(f"tuning the baseline's {', '.join(cfg.baseline.tune)} first: {tcfg.es.generations} generations of "
+        f"{tcfg.es.popsize} settings x {tcfg.fitness.num_seeds} seeds ({trainings(tcfg):,} trainings; the search's "
+        f"own: {trainings(cfg):,}) in {tcfg.run_dir}")
+    t = time.perf_counter()
+    if jax.process_index() == 0:
+        Path(tcfg.run_dir).mkdir(exist_ok=True)
+    prepared = prepare(tcfg, tcfg.run_dir, mesh=mesh)
+    summary = run_generations(tcfg, tcfg.run_dir, mesh=mesh, prepared=prepared)
+    task = prepared[0]
+    meta, info = checkpoints.read_best(tcfg.run_dir, task.template)
+    tuned = {"hyperparameters": task.kind.values(task.component, meta),
+             "configured": {name: float(getattr(task.inner_config, name)) for name in task.component.names},
+             "search_space": dict(cfg.baseline.tune), "tasks": task.names, "picked": info.get("picked", "best member"),
+             "fitness": info.get("validation_fitness", info.get("fitness")),
+             "trainings": trainings(tcfg) + summary.get("validation_trainings", 0),
+             "search_trainings": trainings(cfg), "seconds": time.perf_counter() - t, "seed": tcfg.seed,
+             "run_dir": TUNE_DIR}
+    if jax.process_index() == 0:
+        atomic_write(run_dir / TUNED_FILE, json.dumps(tuned, indent=2))
+    say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
+                                       for k, v in tuned["hyperparameters"].items())
+        + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
+    return tuned
+
+
+# --- the final pick on fresh seeds -------------------------------------------------------------------
+
+def validate(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: Path, shown: bool) -> dict:
+    """Score the ``fitness.validation_top`` best members found and the search's mean again on
+    ``fitness.validation_seeds`` seeds the search never used (a stream of its own of the run's seed),
+    as the search scored them, and export the best of them: the best member is the one the seed noise
+    flattered most. Writes RUN_DIR/validation.json; returns it."""
+    found = np.flatnonzero(np.isfinite(np.asarray(jax.device_get(state.top_fitness))[:cfg.fitness.validation_top]))
+    top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
+    candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), _VALIDATION_STREAM),
+                            cfg.fitness.validation_seeds)
+    with progress(f"scoring {len(found) + 1} candidates on {len(keys)} fresh seeds", enabled=shown):
+        fitness, per_seed = jax.device_get(jax.jit(evo.rescore)(candidates, keys))
+    labels = [f"top {i + 1}" for i in found] + ["search mean"]
+    search_fitness = [float(state.top_fitness[i]) for i in found] + [None]
+    generation = [int(state.top_generation[i]) for i in found] + [int(state.generation)]
+    rows = [{"candidate": label, "generation": g, "search_fitness": f, "validation_fitness": float(v),
+             "validation_ci95": [float(b) for b in t_interval(np.asarray(s, np.float64))]}
+            for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
+    pick = int(np.argmax(np.where(np.isfinite(fitness), fitness, -np.inf)))
+    report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[pick],
+              "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
+    if jax.process_index() == 0:
+        atomic_write(run_dir / VALIDATION_FILE, json.dumps(report, indent=2))
+        checkpoints.export_best(run_dir, jax.tree.map(lambda x: x[pick], candidates), {
+            **_best_info(cfg, task, generation[pick], search_fitness[pick]), "picked": labels[pick],
+            "validation_fitness": rows[pick]["validation_fitness"], "validation_ci95": rows[pick]["validation_ci95"]})
+    return report
+
+
+def _best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[float]) -> dict:
+    """What is exported beside the best meta-parameters (checkpoints.export_best)."""
+    return {"experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
+            "tasks": task.names, "component": cfg.component, "inner": cfg.inner, "generation": generation,
+            "fitness": fitness, "seed": cfg.seed}
+
+
 # --- the generation loop ------------------------------------------------------------------------
 
 class Interrupted(Exception):
@@ -166,13 +295,18 @@ def run_generations(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", pre
     run_dir = Path(run_dir).resolve()
     is_main = jax.process_index() == 0
     task, evo, state, start, history = prepared or prepare(cfg, run_dir, mesh=mesh)
+    shown = cfg.logger.progress and is_main  # progress bars on a terminal (metarl.progress)
     config_dict = cfg.to_dict()
+    tuned = tune(cfg, run_dir, evo.mesh, shown)
+    if tuned is not None:  # the same state; the learned part, the control and the reference on the tuned values
+        cfg = config_lib.with_tuned(cfg, tuned)
+        task, evo = build_evolution(cfg, mesh=evo.mesh)
     logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
                     wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
                     mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
     logger.catch_up(history)
-    reference = run_reference(cfg, task, run_dir, write=is_main, message=logger.message,
-                                     shown=cfg.logger.progress and is_main)
+    reference = run_reference(cfg, task, run_dir, write=is_main, message=logger.message, shown=shown,
+                              tuned=tuned and tuned["hyperparameters"])
     if reference is not None:  # the same state, scored against the reference
         task, evo = build_evolution(cfg, task, mesh=evo.mesh, reference=reference)
 
@@ -189,7 +323,6 @@ def run_generations(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", pre
     if ckpt.removed_incomplete:
         logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
 
-    shown = cfg.logger.progress and is_main  # progress bars on a terminal (metarl.progress)
     t0 = time.perf_counter()
     with progress("compiling the generation", enabled=shown):
         step = compilation.compile_program(evo.step, state)  # one compilation per run, timed on its own
@@ -223,10 +356,8 @@ def run_generations(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", pre
                 logger.message(warning)
             if record["best_so_far"] > best_so_far and is_main:
                 best_so_far = record["best_so_far"]
-                checkpoints.export_best(run_dir, state.best_params, {
-                    "experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
-                    "tasks": task.names, "component": cfg.component, "inner": cfg.inner,
-                    "generation": record["generation"], "fitness": best_so_far, "seed": cfg.seed})
+                checkpoints.export_best(run_dir, state.best_params,
+                                        _best_info(cfg, task, record["generation"], best_so_far))
             # Processes receive a signal at different moments; all stop after the same generation. The
             # agreed signal is kept apart from the one received here, which may come after the agreement
             # and must not count as a second signal.
@@ -239,8 +370,16 @@ def run_generations(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", pre
                 logger.finish(stopped=True)
                 raise Interrupted(signum, done)
     ckpt.close()
+    validation = validate(cfg, task, evo, state, run_dir, shown) if cfg.fitness.validation_top else None
+    if validation:
+        picked = next(r for r in validation["candidates"] if r["candidate"] == validation["picked"])
+        logger.message(f"picked on {validation['seeds']} fresh seeds: {validation['picked']}, fitness "
+                       f"{picked['validation_fitness']:.3f} [{picked['validation_ci95'][0]:.3f}, "
+                       f"{picked['validation_ci95'][1]:.3f}] (" + "; ".join(
+                           f"{r['candidate']} {r['validation_fitness']:.3f}" for r in validation["candidates"])
+                       + f"); exported, {VALIDATION_FILE} has each")
     devices.barrier("finished")
-    summary = {"generations": len(history), "compile_seconds": compile_s,
+    summary = {"validation_trainings": validation["trainings"] if validation else 0,"generations": len(history), "compile_seconds": compile_s,
                "first_mean": history[0]["mean"] if history else None,
                "last_mean": history[-1]["mean"] if history else None,
                "best_so_far": best_so_far,
@@ -303,6 +442,7 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
         devices.setup(cfg.devices)  # before any JAX computation
     cfg.es.validate()
     task = task or build_task(cfg)
+    check_tuning(cfg)
     if not jax.tree.leaves(task.template):
         raise ConfigError(f"component._target_: {type(task.component).__name__} has no meta-parameters (its init "
                           "returns an empty pytree), so there is nothing to evolve; allowed: a component with "

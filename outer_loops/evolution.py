@@ -47,8 +47,19 @@ class EvoState:
     es_state: Any
     key: jax.Array
     generation: jax.Array
-    best_fitness: jax.Array
-    best_params: Any
+    # The ``keep_top`` best members seen so far, best first, each by the fitness of its own generation
+    # (on that generation's seeds): the candidates a final pick on fresh seeds chooses from.
+    top_fitness: jax.Array     # (keep_top,); -inf where fewer members have been seen
+    top_params: Any            # the template's leaves with a leading keep_top axis
+    top_generation: jax.Array  # (keep_top,): the generation each was found in
+
+    @property
+    def best_fitness(self) -> jax.Array:
+        return self.top_fitness[0]
+
+    @property
+    def best_params(self) -> Any:
+        return jax.tree.map(lambda x: x[0], self.top_params)
 
 
 def _strong(x):
@@ -151,7 +162,8 @@ class Evolution:
                  init_mean: Any = None, nonfinite_floor: Optional[float] = None, mesh=None,
                  describe_search: Optional[Callable[[Any, Any], dict]] = None,
                  aggregate: Optional[Callable[[jax.Array], tuple[jax.Array, jax.Array]]] = None,
-                 control_fn: Optional[Callable[[jax.Array], jax.Array]] = None, paired: bool = False):
+                 control_fn: Optional[Callable[[jax.Array], jax.Array]] = None, paired: bool = False,
+                 keep_top: int = 1):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
             raise ValueError(f"fitness.num_seeds: {num_seeds!r}; allowed: a positive integer")
         self.config = config
@@ -177,6 +189,7 @@ class Evolution:
                              "without one")
         self.control_fn = control_fn
         self.paired = paired
+        self.keep_top = keep_top
         if mesh is not None and config.popsize % mesh.size:
             raise ValueError(f"es.popsize: {config.popsize} does not divide over {mesh.size} devices; "
                              f"allowed: a multiple of {mesh.size}")
@@ -221,9 +234,11 @@ class Evolution:
         # evosax leaves some fields weakly typed; after one tell they are strong, and the changed
         # signature would compile the generation a second time.
         es_state = jax.tree.map(_strong, self.es.init(k_es, self.init_mean, self.es_params))
+        top_params = jax.tree.map(lambda x: jnp.repeat(_strong(jnp.asarray(x))[None], self.keep_top, axis=0),
+                                  self.init_mean)
         return EvoState(es_state=es_state, key=k_run, generation=jnp.int32(0),
-                        best_fitness=jnp.float32(-jnp.inf),
-                        best_params=jax.tree.map(lambda x: _strong(jnp.asarray(x)), self.init_mean))
+                        top_fitness=jnp.full((self.keep_top,), -jnp.inf, jnp.float32), top_params=top_params,
+                        top_generation=jnp.zeros((self.keep_top,), jnp.int32))
 
     def generation_keys(self, key):
         """``(next key, ask key, seed keys (num_seeds,), tell key)`` of the generation run from ``key``
@@ -264,12 +279,13 @@ class Evolution:
 
         i_best = jnp.argmax(fitness)
         gen_best = fitness[i_best]
-        improved = gen_best > state.best_fitness
-        best_params = jax.tree.map(lambda new, old: jnp.where(improved, new[i_best], old),
-                                   population, state.best_params)
-        new_state = EvoState(es_state=es_state, key=key, generation=state.generation + 1,
-                             best_fitness=jnp.where(improved, gen_best, state.best_fitness),
-                             best_params=best_params)
+        # The kept members first, so that a tie keeps the older one (as the best so far always has).
+        top_fitness, i_top = jax.lax.top_k(jnp.concatenate([state.top_fitness, fitness]), self.keep_top)
+        top_params = jax.tree.map(lambda old, new: jnp.concatenate([old, new])[i_top], state.top_params, population)
+        generation = state.generation + 1
+        top_generation = jnp.concatenate([state.top_generation, jnp.full(fitness.shape, generation)])[i_top]
+        new_state = EvoState(es_state=es_state, key=key, generation=generation, top_fitness=top_fitness,
+                             top_params=top_params, top_generation=top_generation)
         if self.describe_search is not None:
             mean = self.es.get_mean(es_state)
             flat_mean, unravel = jax.flatten_util.ravel_pytree(mean)
@@ -303,6 +319,18 @@ class Evolution:
         shaping = getattr(self.es, "fitness_shaping_fn", None)
         shape = None if shaping is None else (lambda f: shaping(flat_pop, -f, es_state, self.es_params))
         return update_signal(seed_fitness, directions, shape)
+
+    def rescore(self, candidates, seed_keys):
+        """``(fitness (n,), per seed (n, len(seed_keys)))`` of ``n`` candidates (the template's leaves with a
+        leading axis) on ``seed_keys``, as a generation scores its members: aggregated over tasks and,
+        with a paired control, minus the control's on the same seeds. Non-finite values stay as they
+        are. For a final pick on seeds the search never used (the best member is the luckiest)."""
+        per_seed = self._evaluate_members(candidates, seed_keys)
+        fitness, seed_fitness, _ = self._fitness_per_seed(per_seed)
+        if self.paired:
+            control, control_seed_fitness, _ = self._fitness_per_seed(jax.vmap(self.control_fn)(seed_keys))
+            fitness, seed_fitness = fitness - control, seed_fitness - control_seed_fitness
+        return fitness, seed_fitness
 
     def mean(self, state: EvoState):
         """The search distribution's mean as a pytree shaped like the template."""
