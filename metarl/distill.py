@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -367,10 +368,12 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
         return y, jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())(
             pts["error"])
 
+    fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]  # each compiled once
+
     def curves(**drawn):
         """Per side: (label, value, gradient w.r.t. the prediction or None, style) over the grid."""
         pts = {n: jnp.full(grid, v, jnp.float32) for n, v in {**base, **drawn}.items()}
-        return [(label, *jax.tree.map(np.asarray, values(comp, m, pts)), style) for label, comp, m, style in sides]
+        return [(label, *jax.tree.map(np.asarray, fn(m, pts)), style) for fn, (label, _, m, style) in zip(fns, sides)]
 
     rows = []
     for fraction in ((0.0, 0.5, 1.0) if "progress" in problem.variables else (None,)):
