@@ -103,9 +103,9 @@ class Logger:
                                         id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16])
         self.mlflow: Optional[MlflowRun] = None
         if write and mlflow_cfg is not None and mlflow_cfg.mode == "enabled":
-            self.mlflow = MlflowRun.open(mlflow_cfg, config.get("experiment", ""), self.run_dir, self.run_dir.name,
-                                         flatten(config), {"metarl.run_dir": str(self.run_dir)}, self.message,
-                                         parent_id=os.environ.get(PARENT_RUN_ENV))
+            self.mlflow = MlflowRun(mlflow_cfg, config.get("experiment", ""), self.run_dir, self.run_dir.name,
+                                    flatten(config), {"metarl.run_dir": str(self.run_dir)}, self.message,
+                                    parent_id=os.environ.get(PARENT_RUN_ENV))
 
     def log(self, record: dict) -> None:
         if not self.write:
@@ -234,25 +234,18 @@ class MlflowRun:
     store that refuses) is reported once, and MLflow is not called again in this process: the run
     goes on, ``metrics.jsonl`` its record."""
 
-    def __init__(self, message: Callable[[str], None]):
-        self.message = message
-        self.client = None
-        self.run_id: Optional[str] = None
-        self.last_step = 0   # the last generation MLflow holds
-
-    @classmethod
-    def open(cls, section: MlflowSection, experiment: str, record_dir: Path, name: str, params: dict,
-             tags: dict, message: Callable[[str], None], parent_id: Optional[str] = None) -> "MlflowRun":
+    def __init__(self, section: MlflowSection, experiment: str, record_dir: Path, name: str, params: dict,
+                 tags: dict, message: Callable[[str], None], parent_id: Optional[str] = None):
         """The run recorded in ``record_dir/mlflow_run.json`` continued, if it is in the same store, or a
         new one in experiment ``section.experiment`` (default ``experiment``), made if missing. The
         config's ``params`` are logged (those the run lacks, when continued: MLflow keeps a parameter's
         first value), and ``tags``, ``section.tags`` and, with ``parent_id``, the parent run's."""
-        run = cls(message)
+        self.message, self.client, self.run_id = message, None, None
+        self.last_step = 0   # the last generation MLflow holds
         try:
-            run._open(section, experiment, Path(record_dir), name, params, tags, parent_id)
+            self._open(section, experiment, Path(record_dir), name, params, tags, parent_id)
         except Exception as err:
-            run._failed("starting its run", err)
-        return run
+            self._failed("starting its run", err)
 
     def _open(self, section, experiment, record_dir, name, params, tags, parent_id):
         for key, value in MLFLOW_HTTP_DEFAULTS.items():

@@ -212,9 +212,9 @@ def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]
     flat = [config_lib.flatten(cfg.to_dict()) for cfg in cfgs]
     shared = {k: v for k, v in flat[0].items() if all(k in f and f[k] == v for f in flat[1:])} if known else {}
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    parent = MlflowRun.open(enabled[0].logger.mlflow, enabled[0].experiment, sweep_dir, sweep_dir.name, shared,
-                            {"metarl.sweep_dir": str(sweep_dir), "metarl.command": " ".join(argv)},
-                            lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
+    parent = MlflowRun(enabled[0].logger.mlflow, enabled[0].experiment, sweep_dir, sweep_dir.name, shared,
+                       {"metarl.sweep_dir": str(sweep_dir), "metarl.command": " ".join(argv)},
+                       lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
     if parent.active:
         _PARENT.update(run=parent, outer=os.environ.get(PARENT_RUN_ENV))
         os.environ[PARENT_RUN_ENV] = parent.run_id
