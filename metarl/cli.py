@@ -13,6 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from metarl import config as config_lib
+from metarl.checkpoints import CheckpointError
 from metarl.config import CONFIG_FILE, ConfigError
 
 EXIT_BAD_INPUT = 2
@@ -55,6 +56,20 @@ def command_line(argv: list[str], function, usage: str) -> tuple[Path, dict]:
     except ConfigError as err:
         fail(str(err))
     return Path(run_dir), options
+
+
+def run_command(argv: list[str] | None, function, usage: str, show) -> int:
+    """A command that reads a run: ``function(RUN_DIR, **options)`` from its command line
+    (``command_line``; ``None``: this process's), the result printed as ``show`` writes it. Bad input,
+    and a run that cannot be read: one line, exit code 2."""
+    run_dir, options = command_line(sys.argv[1:] if argv is None else argv, function, usage)
+    try:
+        result = function(run_dir, **options)
+    except (ConfigError, CheckpointError) as err:
+        fail(str(err).splitlines()[0])
+    if text := show(result):
+        print(text)
+    return 0
 
 
 def check_run_to_read(run_dir: str | Path) -> None:

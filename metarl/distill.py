@@ -19,10 +19,17 @@ import warnings
 from importlib.metadata import version
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from metarl.cli import FIGURES, check_run_to_read, command_line, fail
+from metarl import checkpoints, compilation, kinds, results
+from metarl.cli import FIGURES, check_run_to_read, run_command
 from metarl.config import ConfigError
+from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
+                                           VALUE_LOSS_INPUTS, Progress, apply_component, formula_function,
+                                           parse_formula)
+from metarl.progress import progress
 
 DISTILL_JSON = "distill.json"
 FIGURE = "distill.png"
@@ -55,10 +62,6 @@ class Problem:
 
 
 def problem_for(task) -> Problem:
-    from metarl.inner_loops.components import DRIFT_INPUTS, TEMPORAL_INPUTS, VALUE_LOSS_INPUTS
-
-    from metarl import kinds
-
     comp = task.component
     temporal = getattr(comp, "temporal", False)
     if task.kind is kinds.VALUE_LOSS:
@@ -76,9 +79,6 @@ def problem_for(task) -> Problem:
 def function_at(kind, comp, meta, points: dict, config, learned_part: bool = False):
     """What a formula stands for, at ``points`` ({input: array}): a value loss's loss, else the drift
     r A - objective, or with ``learned_part`` LPO's learned part where the drift has one (what is fitted)."""
-    from metarl import kinds
-    from metarl.inner_loops.components import Progress, apply_component
-
     progress = Progress(points["progress"], points["log_updates"]) if getattr(comp, "temporal", False) else None
     if kind is kinds.VALUE_LOSS:
         target = points["target"]
@@ -100,10 +100,6 @@ class _Recording:
         self.temporal = getattr(inner, "temporal", False)
 
     def apply(self, meta_params, *args, progress=None):
-        import jax
-
-        from metarl.inner_loops.components import apply_component
-
         arrays = [a for a in args if isinstance(a, jax.Array)]  # the config is no array
         extra = [progress.fraction, progress.log_updates] if progress is not None else []
         jax.debug.callback(self.sink, *arrays, *extra)
@@ -113,11 +109,6 @@ class _Recording:
 def visited_inputs(task, meta, seed: int) -> dict:
     """Each input's values at the seam over one training per task with the learned component:
     {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
-    import jax
-
-    from metarl import compilation, kinds
-    from metarl.inner_loops.components import TEMPORAL_INPUTS
-
     rows = []
 
     def sink(*xs):
@@ -236,8 +227,6 @@ def pareto_front(candidates: list[dict]) -> list[dict]:
 
 def score(problem: Problem, expression: str, points: dict, y: np.ndarray) -> dict:
     """The rounded formula as the formula component computes it, against the learned function."""
-    from metarl.inner_loops.components import formula_function, parse_formula
-
     names, fn = formula_function(parse_formula(expression, problem.inputs))
     with warnings.catch_warnings():  # a number beyond float32 becomes inf, and the formula is dropped
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -250,10 +239,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     """Formulas for ``task``'s learned component with ``meta``: ``(report, problem, visited)``, the
     report holding the front (entries with size, nmse, expression, latex and the formula's component
     config). A learned function that is not finite where training visits raises ValueError."""
-    import jax.numpy as jnp
     import sympy
-
-    from metarl.progress import progress
 
     t = time.perf_counter()
     problem = problem_for(task)
@@ -304,10 +290,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
     checkpoint's ``generation``); returns (and writes) the report. Bad input raises ``ConfigError`` (a
     ``ValueError``) naming the argument; a run directory that cannot be read, ``ConfigError`` or
     ``CheckpointError``."""
-    import jax
-
-    from metarl import checkpoints, plots, results
-    from metarl.kinds import KINDS
+    from metarl import plots  # matplotlib and the run's modules: seconds that --help does without
     from metarl.run import build_evolution
 
     if generation != "best" and (isinstance(generation, str) or generation < 0):
@@ -322,7 +305,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
     cfg, task = results.load_run(run_dir)
     if task.kind.formula is None:
         raise ConfigError(f"component.kind: {task.kind} in {run_dir}; allowed: "
-                          f"{' or '.join(name for name, kind in KINDS.items() if kind.formula)} "
+                          f"{' or '.join(name for name, kind in kinds.KINDS.items() if kind.formula)} "
                           "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
     if generation == "best":
         meta, info = checkpoints.read_best(run_dir, task.template)
@@ -357,11 +340,7 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     """Value loss: the loss (shifted to 0 at error 0) and its gradient over the error; policy objective:
     the drift over the ratio at a typical positive and negative advantage. Learned, the drawn
     formulas and the baseline; a temporal component at 0%, 50% and 100% of training."""
-    import jax
-    import jax.numpy as jnp
-
-    from metarl import kinds, plots
-    from metarl.inner_loops.components import CLIPPED_SURROGATE, L2_VALUE_LOSS
+    from metarl import plots
 
     config, grid = task.inner_config, 201
     value_loss = task.kind is kinds.VALUE_LOSS
@@ -389,7 +368,7 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
         return y, jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())(
             pts["error"])
 
-    fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]
+    fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]  # each compiled once
 
     def curves(**drawn):
         """Per side: (label, value, gradient w.r.t. the prediction or None, style) over the grid."""
@@ -461,15 +440,7 @@ def load_formula(run_dir: Path, k: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run_dir, opts = command_line(sys.argv[1:] if argv is None else argv, distill, __doc__)
-    from metarl.checkpoints import CheckpointError  # JAX: seconds that --help and bad arguments do without
-
-    try:
-        report = distill(run_dir, **opts)
-    except (ConfigError, CheckpointError) as err:
-        fail(str(err).splitlines()[0])
-    print(format_report(report))
-    return 0
+    return run_command(argv, distill, __doc__, format_report)
 
 
 if __name__ == "__main__":

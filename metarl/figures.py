@@ -82,7 +82,6 @@ def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, erro
     progress_of = _progress_at(task)
     temporal = getattr(task.component, "temporal", False)
     paths = []
-    # A temporal drift is drawn at several points of training; a plain one once.
     for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
         # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
         drift = np.asarray(r * a - apply_component(task.component, progress_of(fraction), meta, r, a, config))

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from metarl.cli import FIGURES, command_line, fail  # noqa: F401 (FIGURES: part of this module's API)
+from metarl.cli import FIGURES, run_command  # noqa: F401 (FIGURES: part of this module's API)
 from metarl.config import ConfigError
 
 
@@ -28,22 +28,13 @@ def figures(run_dir: str | Path, error_range: float = 5.0) -> list[Path]:
     the span of prediction errors the value-loss figures show. Bad input raises ``ConfigError``."""
     if not error_range > 0:
         raise ConfigError(f"error_range: {error_range}; allowed: > 0")
-    from metarl.figures import write_figures  # JAX, matplotlib, scipy: seconds that bad arguments do without
+    from metarl.figures import write_figures  # matplotlib: seconds that bad arguments do without
 
     return write_figures(run_dir, error_range)
 
 
 def main(argv: list[str] | None = None) -> int:
-    run_dir, options = command_line(sys.argv[1:] if argv is None else argv, figures, __doc__)
-    from metarl.checkpoints import CheckpointError
-
-    try:
-        paths = figures(run_dir, **options)
-    except (CheckpointError, ConfigError) as err:
-        fail(str(err))
-    for path in paths:
-        print(path)
-    return 0
+    return run_command(argv, figures, __doc__, lambda paths: "\n".join(map(str, paths)))
 
 
 if __name__ == "__main__":

@@ -73,9 +73,8 @@ def scalars(record: dict) -> dict:
 def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
-    seconds = int(round(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
@@ -104,9 +103,9 @@ class Logger:
                                         id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16])
         self.mlflow: Optional[MlflowRun] = None
         if write and mlflow_cfg is not None and mlflow_cfg.mode == "enabled":
-            self.mlflow = MlflowRun.open(mlflow_cfg, config.get("experiment", ""), self.run_dir, self.run_dir.name,
-                                         flatten(config), {"metarl.run_dir": str(self.run_dir)}, self.message,
-                                         parent_id=os.environ.get(PARENT_RUN_ENV))
+            self.mlflow = MlflowRun(mlflow_cfg, config.get("experiment", ""), self.run_dir, self.run_dir.name,
+                                    flatten(config), {"metarl.run_dir": str(self.run_dir)}, self.message,
+                                    parent_id=os.environ.get(PARENT_RUN_ENV))
 
     def log(self, record: dict) -> None:
         if not self.write:
@@ -187,7 +186,6 @@ class Logger:
 
 PARENT_RUN_ENV = "METARL_MLFLOW_PARENT_RUN_ID"   # set by a sweep: its jobs' runs are nested under this run
 MLFLOW_RUN_FILE = "mlflow_run.json"   # in a run's (or sweep's) directory: the MLflow run it logs to
-STORE_DB, STORE_ARTIFACTS = "mlflow.db", "artifacts"   # a local store's files, in its folder
 STEP_METRIC = "best"   # logged every generation: its last step is the last generation MLflow holds
 # A tracking server that cannot be reached fails the first request at once (MLflow would retry for
 # minutes) and within seconds (not two minutes); either variable, set beforehand, is kept.
@@ -204,7 +202,7 @@ def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
     if _SCHEME.match(tracking_uri):
         return tracking_uri, None
     folder = Path(tracking_uri).expanduser().absolute()
-    return f"sqlite:///{folder / STORE_DB}", str(folder / STORE_ARTIFACTS)
+    return f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts")
 
 
 def check_mlflow(section: MlflowSection) -> None:
@@ -231,29 +229,23 @@ def check_mlflow(section: MlflowSection) -> None:
 
 
 class MlflowRun:
-    """The MLflow run that a metarl run, or a sweep (the parent of its jobs' runs), logs to. The first
-    call that fails (a tracking server that cannot be reached, a store that refuses) is reported
-    once, and MLflow is not called again in this process: the run goes on, ``metrics.jsonl`` its record."""
+    """The MLflow run that a metarl run, or a sweep (the parent of its jobs' runs), logs to through
+    ``mlflow.MlflowClient``. The first call that fails (a tracking server that cannot be reached, a
+    store that refuses) is reported once, and MLflow is not called again in this process: the run
+    goes on, ``metrics.jsonl`` its record."""
 
-    def __init__(self, message: Callable[[str], None]):
-        self.message = message
-        self.client = None
-        self.run_id: Optional[str] = None
-        self.last_step = 0   # the last generation MLflow holds
-
-    @classmethod
-    def open(cls, section: MlflowSection, experiment: str, record_dir: Path, name: str, params: dict,
-             tags: dict, message: Callable[[str], None], parent_id: Optional[str] = None) -> "MlflowRun":
+    def __init__(self, section: MlflowSection, experiment: str, record_dir: Path, name: str, params: dict,
+                 tags: dict, message: Callable[[str], None], parent_id: Optional[str] = None):
         """The run recorded in ``record_dir/mlflow_run.json`` continued, if it is in the same store, or a
         new one in experiment ``section.experiment`` (default ``experiment``), made if missing. The
         config's ``params`` are logged (those the run lacks, when continued: MLflow keeps a parameter's
         first value), and ``tags``, ``section.tags`` and, with ``parent_id``, the parent run's."""
-        run = cls(message)
+        self.message, self.client, self.run_id = message, None, None
+        self.last_step = 0   # the last generation MLflow holds
         try:
-            run._open(section, experiment, Path(record_dir), name, params, tags, parent_id)
+            self._open(section, experiment, Path(record_dir), name, params, tags, parent_id)
         except Exception as err:
-            run._failed("starting its run", err)
-        return run
+            self._failed("starting its run", err)
 
     def _open(self, section, experiment, record_dir, name, params, tags, parent_id):
         for key, value in MLFLOW_HTTP_DEFAULTS.items():
@@ -269,31 +261,27 @@ class MlflowRun:
         record_path = record_dir / MLFLOW_RUN_FILE
         record = json.loads(record_path.read_text()) if record_path.exists() else {}
         run = None
-        if record.get("tracking_uri") == uri:  # a resumed run: its MLflow run goes on
+        if record.get("tracking_uri") == uri:  # a resumed run: its MLflow run goes on, unless deleted
             try:
                 run = client.get_run(record["run_id"])
             except MlflowException as err:
                 if err.error_code != "RESOURCE_DOES_NOT_EXIST":
                     raise
-            if run is not None and run.info.lifecycle_stage != "active":  # deleted: start anew
-                run = None
-        continued = run is not None
-        if not continued:
-            experiment_id = _experiment_id(client, section.experiment or experiment, artifacts)
-            run = client.create_run(experiment_id, run_name=name)
-            atomic_write(record_path, json.dumps({"tracking_uri": uri, "run_id": run.info.run_id}, indent=1) + "\n")
-            logged = {}
-        else:
+        if run is not None and run.info.lifecycle_stage == "active":
             client.update_run(run.info.run_id, status="RUNNING")
             self.last_step = max((m.step for m in client.get_metric_history(run.info.run_id, STEP_METRIC)),
                                  default=0)
-            logged = run.data.params
+            logged, verb = run.data.params, "continuing"
+        else:
+            run = client.create_run(_experiment_id(client, section.experiment or experiment, artifacts), run_name=name)
+            atomic_write(record_path, json.dumps({"tracking_uri": uri, "run_id": run.info.run_id}, indent=1) + "\n")
+            logged, verb = {}, "new"
         all_tags = {**tags, **section.tags, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
         client.log_batch(run.info.run_id,
                          params=[Param(k, show_value(v)) for k, v in params.items() if k not in logged],
                          tags=[RunTag(k, show_value(v)) for k, v in all_tags.items()])
         self.client, self.run_id = client, run.info.run_id
-        self.message(f"MLflow: {'continuing' if continued else 'new'} run {self.run_id} in {uri}")
+        self.message(f"MLflow: {verb} run {self.run_id} in {uri}")
 
     def _failed(self, what: str, err: Exception) -> None:
         self.client = None
@@ -302,11 +290,13 @@ class MlflowRun:
         self.message(f"warning: MLflow: {what} failed ({type(err).__name__}: {text}); no more is sent to "
                      f"MLflow in this process, and {METRICS_FILE} keeps every generation")
 
-    def _call(self, what: str, call: Callable) -> bool:
+    def send(self, what: str, method: str, *args) -> bool:
+        """``MlflowClient.<method>(run_id, *args)`` (``what`` names it in the warning if it fails); False,
+        sending nothing, once a call has failed."""
         if self.client is None:
             return False
         try:
-            call(self.client, self.run_id)
+            getattr(self.client, method)(self.run_id, *args)
             return True
         except Exception as err:
             self._failed(what, err)
@@ -322,7 +312,7 @@ class MlflowRun:
         now = int(time.time() * 1000)
         metrics = [Metric(re.sub(r"[^/\w.\- :]", "_", k), float(v), now, step)  # the characters MLflow allows
                    for k, v in values.items()]
-        return self._call(f"logging step {step}", lambda client, run: client.log_batch(run, metrics=metrics))
+        return self.send(f"logging step {step}", "log_batch", metrics)
 
     def log_generation(self, generation: int, values: dict) -> None:
         """One generation's scalars at step = generation, unless MLflow holds that step already (a
@@ -333,17 +323,11 @@ class MlflowRun:
     def log_files(self, paths: list, folder: Optional[str]) -> None:
         """Files, into the run's ``folder`` of artifacts (None: at their top; a resumed run's replace the
         earlier ones)."""
-        for path in paths:  # after a failure, _call sends nothing
-            self._call(f"uploading {Path(path).name}", lambda client, run: client.log_artifact(run, str(path), folder))
-
-    def set_tags(self, tags: dict) -> None:
-        from mlflow.entities import RunTag
-
-        self._call("tagging the run", lambda client, run: client.log_batch(
-            run, tags=[RunTag(k, show_value(v)) for k, v in tags.items()]))
+        for path in paths:
+            self.send(f"uploading {Path(path).name}", "log_artifact", str(path), folder)
 
     def finish(self, status: str = "FINISHED") -> None:
-        self._call("ending the run", lambda client, run: client.set_terminated(run, status))
+        self.send("ending the run", "set_terminated", status)
 
 
 def _experiment_id(client, name: str, artifacts: Optional[str]) -> str:

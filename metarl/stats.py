@@ -24,13 +24,9 @@ def iqm(scores: np.ndarray) -> float:
 def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
     """P(X > Y) per task from the Mann-Whitney U statistic (ties count half), averaged over tasks; 0.5
     on a task whose two columns are equal."""
-    per_task = []
-    for task in range(x.shape[1]):
-        if np.array_equal(x[:, task], y[:, task]):
-            per_task.append(0.5)
-        else:
-            u = scipy.stats.mannwhitneyu(x[:, task], y[:, task], alternative="greater").statistic
-            per_task.append(u / (x.shape[0] * y.shape[0]))
+    per_task = [0.5 if np.array_equal(a, b) else
+                scipy.stats.mannwhitneyu(a, b, alternative="greater").statistic / (len(a) * len(b))
+                for a, b in zip(x.T, y.T)]
     return float(np.mean(per_task))
 
 

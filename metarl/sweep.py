@@ -19,7 +19,6 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
 
 from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
@@ -193,32 +192,32 @@ def start(master) -> None:
             if known:
                 _CHECKED[tuple(job)] = (cfg, task)
             cfgs.append(cfg)
-        except (config_lib.ConfigError, ValueError) as err:
+        except ValueError as err:  # ConfigError among them
             fail(str(err).splitlines()[0] + where)
         except (HydraException, OmegaConfBaseException) as err:
             fail(str(config_lib.one_line(err)) + where)
     count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
     print(f"sweep: {count} in {sweep_dir}", flush=True)
-    parent = open_mlflow_parent(cfgs, known, sweep_dir, sys.argv[1:])
-    if parent is not None and parent.active:
-        _PARENT.update(run=parent, outer=os.environ.get(PARENT_RUN_ENV))
-        os.environ[PARENT_RUN_ENV] = parent.run_id
+    open_mlflow_parent(cfgs, known, sweep_dir, sys.argv[1:])
 
 
-def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]) -> Optional[MlflowRun]:
+def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]) -> None:
     """The sweep's MLflow run, when its jobs log to MLflow: the parent of their runs, which are nested
     under it through ``PARENT_RUN_ENV`` (an environment variable, so that it reaches jobs that other
     processes run). It holds, as parameters, the settings every job shares (known jobs only: another
     sweeper's are not known in advance). A sweep continued in the same directory continues it."""
     enabled = [cfg for cfg in cfgs if cfg.logger.mlflow.mode == "enabled"]
     if not enabled:
-        return None
+        return
     flat = [config_lib.flatten(cfg.to_dict()) for cfg in cfgs]
     shared = {k: v for k, v in flat[0].items() if all(k in f and f[k] == v for f in flat[1:])} if known else {}
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    return MlflowRun.open(enabled[0].logger.mlflow, enabled[0].experiment, sweep_dir, sweep_dir.name, shared,
-                          {"metarl.sweep_dir": str(sweep_dir), "metarl.command": " ".join(argv)},
-                          lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
+    parent = MlflowRun(enabled[0].logger.mlflow, enabled[0].experiment, sweep_dir, sweep_dir.name, shared,
+                       {"metarl.sweep_dir": str(sweep_dir), "metarl.command": " ".join(argv)},
+                       lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
+    if parent.active:
+        _PARENT.update(run=parent, outer=os.environ.get(PARENT_RUN_ENV))
+        os.environ[PARENT_RUN_ENV] = parent.run_id
 
 
 def _end_mlflow(sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
@@ -231,7 +230,7 @@ def _end_mlflow(sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
         best = max(scored, key=lambda r: r["best"])
         values = {"best": best["best"], "best_job": best["job"], "best_job_last_mean": best["last_mean"]}
         parent.log_metrics({k: v for k, v in values.items() if v is not None}, step=0)
-        parent.set_tags({"best_overrides": best["overrides"]})
+        parent.send("tagging the run", "set_tag", "best_overrides", best["overrides"])
     parent.log_files([sweep_dir / SUMMARY_CSV, sweep_dir / SUMMARY_JSON], None)
     failed = any(r["exit_code"] != 0 for r in rows)
     parent.finish("KILLED" if stopped else "FAILED" if failed else "FINISHED")

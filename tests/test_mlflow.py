@@ -178,7 +178,7 @@ def test_unreachable_server_costs_one_quick_failure_and_one_warning(tmp_path, mo
     section = config_lib.MlflowSection(mode="enabled", tracking_uri=f"http://127.0.0.1:{closed_port()}")
     messages = []
     t = time.perf_counter()
-    run = MlflowRun.open(section, "value_loss", tmp_path, "run", {"seed": 0}, {}, messages.append)
+    run = MlflowRun(section, "value_loss", tmp_path, "run", {"seed": 0}, {}, messages.append)
     for generation in range(1, 4):
         run.log_generation(generation, {"best": 1.0})
     run.log_files([__file__], "figures")
