@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from clihelp import TEST_XLA_FLAGS
+from clihelp import TEST_XLA_FLAGS, TINY, evolve
 
 os.environ.setdefault("XLA_FLAGS", TEST_XLA_FLAGS)
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -27,6 +27,16 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
     signal.signal(signal.SIGHUP, lambda signum, frame: None)
 
+
+@pytest.fixture(scope="session")
+def tiny_value_loss_run(tmp_path_factory):
+    """``python -m metarl.evolve experiment=value_loss`` at TINY sizes for two generations, its output piped
+    (not a terminal), as test_cli.py and test_progress.py both start it: ``(run_dir, the finished process)``.
+    Made once per session; the tests read it and write nothing into it."""
+    cwd = tmp_path_factory.mktemp("tiny_value_loss")
+    run_dir = cwd / "run"
+    proc = evolve(["experiment=value_loss", *TINY, "es.generations=2", f"run_dir={run_dir}"], cwd=cwd, check=True)
+    return run_dir, proc
 
 # --- pytest-xdist: the tests that share a run on one worker, the longest work first --------------------
 #
