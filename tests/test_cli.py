@@ -12,10 +12,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.timeout(600)
-def test_tiny_run_writes_config_metrics_and_best(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = evolve(["experiment=value_loss", *TINY, "es.generations=2", f"run_dir={run_dir}"], cwd=tmp_path,
-                  check=True)
+def test_tiny_run_writes_config_metrics_and_best(tmp_path, tiny_value_loss_run):
+    run_dir, proc = tiny_value_loss_run  # experiment=value_loss, TINY, es.generations=2 (conftest.py)
     assert (run_dir / "config.yaml").exists()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["generation"] for r in records] == [1, 2]

@@ -1,4 +1,6 @@
 """`metarl.inspect` and `metarl.evaluate` on tiny real runs of the three experiments."""
+import contextlib
+import io
 import json
 import math
 import shutil
@@ -90,14 +92,25 @@ def test_bad_run_dir_exits_2(tmp_path, module):
         assert len(lines) == 1 and lines[0].startswith("error: ") and str(tmp_path) in lines[0]
 
 
-@pytest.mark.timeout(600)
-def test_evaluate_prints_both_sides_and_the_tests(runs, capsys):
+@pytest.fixture(scope="module")
+def evaluated_64(runs, tmp_path_factory):
+    """`metarl.evaluate RUN num_seeds=4 total_timesteps=64` on the value-loss run, in this process (one CPU
+    device), once for the tests that read it: what it printed, the report it wrote and a copy of its figure,
+    both taken right after it (a later evaluation of the run writes the same files)."""
     run = runs["value_loss"]
-    assert evaluate.main([str(run), "num_seeds=4", "total_timesteps=64"]) == 0
-    out = capsys.readouterr().out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert evaluate.main([str(run), "num_seeds=4", "total_timesteps=64"]) == 0
+    figure = tmp_path_factory.mktemp("evaluated_64") / "evaluation_64.png"
+    shutil.copy(run / inspect.FIGURES / "evaluation_64.png", figure)
+    return printed.getvalue(), json.loads((run / "evaluation_64.json").read_text()), figure
+
+
+@pytest.mark.timeout(600)
+def test_evaluate_prints_both_sides_and_the_tests(evaluated_64):
+    out, report, figure = evaluated_64
     assert "learned value_loss" in out and "baseline: L2 value loss" in out
     assert "p (Welch)" in out and "held-out" in out
-    report = json.loads((run / "evaluation_64.json").read_text())
     [row] = report["tasks"]
     assert set(row["sides"]) == {"learned value_loss", "baseline: L2 value loss (clipped)"}
     assert row["split"] == "held-out" and row["task"] == "CartPole-v1[total_timesteps=64]"
@@ -107,7 +120,7 @@ def test_evaluate_prints_both_sides_and_the_tests(runs, capsys):
         assert side["ci95"][0] <= side["mean"] <= side["ci95"][1]
     test = row["test"]
     assert all(math.isfinite(test[k]) for k in ("welch_t", "welch_p", "mannwhitney_u", "mannwhitney_p"))
-    check_image(run / inspect.FIGURES / "evaluation_64.png", (700, 400))
+    check_image(figure, (700, 400))
 
 
 @pytest.mark.timeout(600)
@@ -135,13 +148,13 @@ def test_evaluate_on_trained_and_held_out_tasks(runs, capsys):
 
 
 @pytest.mark.timeout(600)
-def test_evaluate_split_over_two_devices_gives_the_same_agents(runs):
+def test_evaluate_split_over_two_devices_gives_the_same_agents(runs, evaluated_64):
     run = runs["value_loss"]
-    one = evaluate.evaluate(run, num_seeds=4, total_timesteps=64)  # this process has one CPU device
+    _, one, _ = evaluated_64  # this process has one CPU device
     proc = subprocess.run([sys.executable, "-m", "metarl.evaluate", str(run), "num_seeds=4", "total_timesteps=64",
                            "num_cpu_devices=2"], env=env_vars(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    two = json.loads(Path(one["json"]).read_text())
+    two = json.loads((run / "evaluation_64.json").read_text())
     assert one["devices"] == 1 and two["devices"] == 2
     for label, side in one["tasks"][0]["sides"].items():
         np.testing.assert_allclose(two["tasks"][0]["sides"][label]["final_returns"], side["final_returns"],

@@ -38,7 +38,7 @@ def on_a_terminal(args, cwd) -> tuple[str, str]:
 
 
 @pytest.mark.timeout(400)
-def test_a_run_and_its_evaluation_show_their_waits_on_a_terminal(tmp_path):
+def test_a_run_and_its_evaluation_show_their_waits_on_a_terminal(tmp_path, tiny_value_loss_run):
     run_dir = tmp_path / "run"
     out, shown = on_a_terminal(["-m", "metarl.evolve", "experiment=value_loss", *TINY, "es.generations=2",
                                 f"run_dir={run_dir}"], tmp_path)
@@ -48,8 +48,7 @@ def test_a_run_and_its_evaluation_show_their_waits_on_a_terminal(tmp_path):
                                tmp_path)
     assert "compiling 3 programs" in shown and "training 2 agents per task and side" in shown, shown
     assert "IQM" in out or "learned" in out
-    # Not on a terminal (a pipe, a log file): no bar, stderr stays empty.
-    proc = subprocess.run([sys.executable, "-m", "metarl.evolve", "experiment=value_loss", *TINY,
-                           "es.generations=2", f"run_dir={tmp_path / 'piped'}"], cwd=tmp_path, env=env_vars(),
-                          capture_output=True, text=True, timeout=300)
+    # Not on a terminal (a pipe, a log file): no bar, stderr stays empty. The same command with its output
+    # piped, started once for this test and test_cli.py's (conftest.py).
+    _, proc = tiny_value_loss_run
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
