@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from metarl.cli import FIGURES, check_run_to_read, command_line, fail
+from metarl.cli import FIGURES, check_run_to_read, run_command
 from metarl.config import ConfigError, read_tuned
 from metarl.stats import t_interval
 
@@ -363,15 +363,7 @@ def format_report(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    run_dir, opts = command_line(sys.argv[1:] if argv is None else argv, evaluate, __doc__)
-    from metarl.checkpoints import CheckpointError  # JAX: seconds that --help and bad arguments do without
-
-    try:
-        report = evaluate(run_dir, **opts)
-    except (ConfigError, CheckpointError) as err:
-        fail(str(err).splitlines()[0])
-    print(format_report(report))
-    return 0
+    return run_command(argv, evaluate, __doc__, format_report)
 
 
 if __name__ == "__main__":
