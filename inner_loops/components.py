@@ -463,6 +463,18 @@ class ValueLossFamily:
 # A schedule component has ``init(key)`` and ``apply(meta_params, progress) -> {field: multiplier}``,
 # the multipliers of float hyperparameters at this point of training (PPO's ``schedule`` seam: the
 # learning rate scales each update's step, the others scale the config's value for the update).
+# One that declares ``adaptive = True`` is also given ``observed=``, what the previous update saw.
+
+
+class Observed(NamedTuple):
+    """What the agent's previous update saw (NaN before the first update): scalars, the means over
+    that update's minibatches. The inputs of an adaptive schedule."""
+
+    approx_kl: jax.Array       # KL(old policy || new policy), estimated as mean((r - 1) - log r)
+    clip_fraction: jax.Array   # the fraction of samples whose ratio r was outside [1 - clip_eps, 1 + clip_eps]
+
+
+NOTHING_OBSERVED = Observed(jnp.float32(jnp.nan), jnp.float32(jnp.nan))
 
 SCHEDULED_FIELDS = ("lr", "ent_coef", "clip_eps")
 
@@ -504,3 +516,44 @@ class LearnedSchedules:
 
 
 CONSTANT_SCHEDULE = ConstantSchedule()
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveSchedules:
+    """Multipliers exp(w . x) of ``fields`` that react to what training shows, as a learned controller:
+    x = (1, t, k, c), t the fraction of training done, k = clip(log(KL / kl_ref), -3, 3) and
+    c = clip_fraction / 0.2 - 0.5, both from the previous update (0 before the first). A hand-tuned
+    constant cannot do this: slow the step when the policy moved too far, speed it up when it barely
+    moved (PPO's adaptive-KL rule and OPEN's learned optimiser react to the same signals).
+    Meta-parameters: 4 per field; zero is the config's own values exactly. Without ``observed`` (a
+    figure of the learned part) k = c = 0: KL at kl_ref, a clip fraction of 0.1."""
+
+    fields: tuple = SCHEDULED_FIELDS
+    kl_ref: float = 0.01
+    adaptive = True
+
+    def __post_init__(self):
+        unknown = [f for f in self.fields if f not in SCHEDULED_FIELDS]
+        if unknown or not self.fields:
+            raise ValueError(f"fields: {list(self.fields)!r}; allowed: one or more of {', '.join(SCHEDULED_FIELDS)}")
+        if not self.kl_ref > 0:
+            raise ValueError(f"kl_ref: {self.kl_ref!r}; allowed: a number > 0")
+
+    def init(self, key):
+        return {field: jnp.zeros((4,)) for field in self.fields}
+
+    def features(self, progress: Progress, observed: Observed | None = None) -> jax.Array:
+        t = progress.fraction
+        if observed is None:
+            kl = clip = jnp.zeros_like(t)
+        else:
+            seen = ~jnp.isnan(observed.approx_kl)
+            log_kl = jnp.log(jnp.maximum(observed.approx_kl, 1e-12) / self.kl_ref)
+            kl = jnp.where(seen, jnp.clip(log_kl, -3.0, 3.0), 0.0)
+            clip = jnp.where(seen, observed.clip_fraction / 0.2 - 0.5, 0.0)
+        return jnp.stack([jnp.ones_like(t), t, kl, clip])
+
+    def apply(self, meta_params, progress: Progress, observed: Observed | None = None):
+        x = self.features(progress, observed)
+        return {field: jnp.exp(jnp.dot(meta_params[field], x)) for field in self.fields}
+

@@ -45,7 +45,9 @@ from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
     CONSTANT_SCHEDULE,
     L2_VALUE_LOSS,
+    NOTHING_OBSERVED,
     Component,
+    Observed,
     Progress,
     apply_component,
     training_progress,
@@ -218,7 +220,8 @@ def random_permutations(key: jax.Array, num: int, size: int) -> jax.Array:
 def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,
              value_loss: Component, policy_objective: Component, continuous: bool,
              progress: Progress | None = None):
-    """PPO's loss on a minibatch; returns ``(loss, (value_loss, policy_loss, entropy, approx_kl))``.
+    """PPO's loss on a minibatch; returns ``(loss, (value_loss, policy_loss, entropy, approx_kl,
+    clip_fraction))``.
 
     ``progress`` (the agent's training progress) reaches components that declare ``temporal = True``."""
     (pi_out, log_std), value = apply_fn(params, batch.obs)
@@ -243,7 +246,8 @@ def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,
     ent = entropy.mean()
     total = pg_loss + config.vf_coef * v_loss - config.ent_coef * ent
     approx_kl = ((ratio - 1.0) - log_ratio).mean()
-    return total, (v_loss, pg_loss, ent, approx_kl)
+    clip_fraction = (jnp.abs(ratio - 1.0) > config.clip_eps).mean()
+    return total, (v_loss, pg_loss, ent, approx_kl, clip_fraction)
 
 
 def _meta(meta_params, name):
@@ -264,12 +268,13 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
 
     ``metrics`` maps names to arrays of shape (num_updates,): ``episode_return`` (mean return of the
     episodes that ended during the update; carried over from the previous update when none ended, 0
-    before the first), ``episodes`` (how many ended), ``value_loss``, ``policy_loss``, ``entropy`` and
-    ``approx_kl`` (means over the update's minibatches).
+    before the first), ``episodes`` (how many ended), ``value_loss``, ``policy_loss``, ``entropy``,
+    ``approx_kl`` and ``clip_fraction`` (means over the update's minibatches).
     """
     config.validate()
     env, env_params, network = make_agent(config)
     continuous = network.continuous
+    adaptive = getattr(schedule, "adaptive", False)
     if continuous:
         action_space = env.action_space(env_params)
         low = jnp.broadcast_to(jnp.asarray(action_space.low, jnp.float32), (network.action_dim,))
@@ -319,9 +324,10 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
 
         def update(carry, xs):
             key, i_update = xs
-            params, opt_state, env_state, obs, ep_return, last_mean = carry
+            params, opt_state, env_state, obs, ep_return, last_mean, observed = carry
             progress = training_progress(i_update, n_updates)
-            scales = schedule.apply(_meta(meta_params, "schedule"), progress)
+            seen = {"observed": observed} if adaptive else {}  # what the previous update saw
+            scales = schedule.apply(_meta(meta_params, "schedule"), progress, **seen)
             step_scale = scales.get("lr")
             update_config = config.replace(**{k: getattr(config, k) * m for k, m in scales.items() if k != "lr"})
             k_act, k_env, k_perm, k_reset = jax.random.split(key, 4)
@@ -396,15 +402,16 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 return (optax.apply_updates(params, updates), opt_state), aux
 
             (params, opt_state), aux = jax.lax.scan(minibatch, (params, opt_state), minibatches)
-            v_loss, pg_loss, ent, kl = (a.mean() for a in aux)
+            v_loss, pg_loss, ent, kl, clip_fraction = (a.mean() for a in aux)
 
             n_done = t_done.sum()
             mean_return = jnp.where(n_done > 0, t_finished.sum() / jnp.maximum(n_done, 1), last_mean)
             metrics = {"episode_return": mean_return, "episodes": n_done, "value_loss": v_loss,
-                       "policy_loss": pg_loss, "entropy": ent, "approx_kl": kl}
-            return (params, opt_state, env_state, obs, ep_return, mean_return), metrics
+                       "policy_loss": pg_loss, "entropy": ent, "approx_kl": kl, "clip_fraction": clip_fraction}
+            carry = (params, opt_state, env_state, obs, ep_return, mean_return, Observed(kl, clip_fraction))
+            return carry, metrics
 
-        carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()))
+        carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()), NOTHING_OBSERVED)
         carry, metrics = jax.lax.scan(update, carry, (jax.random.split(k_run, n_updates),
                                                       jnp.arange(n_updates, dtype=jnp.int32)))
         return carry[0], metrics

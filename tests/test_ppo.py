@@ -8,10 +8,12 @@ import probe_envs  # noqa: F401  (registers the Probe-* environments)
 from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
     L2_VALUE_LOSS,
+    AdaptiveSchedules,
     DriftFamily,
     LearnedSchedules,
     LPODrift,
     MLPValueLoss,
+    Observed,
     ValueLossFamily,
     training_progress,
 )
@@ -189,7 +191,8 @@ def test_float_hyperparameters_in_meta_params_replace_the_config():
 def test_metrics_are_scalars_per_update():
     cfg = PPOConfig(**TINY)
     _, metrics = jax.jit(make_train(cfg))(jax.random.key(0))
-    assert set(metrics) == {"episode_return", "episodes", "value_loss", "policy_loss", "entropy", "approx_kl"}
+    assert set(metrics) == {"episode_return", "episodes", "value_loss", "policy_loss", "entropy", "approx_kl",
+                            "clip_fraction"}
     for value in metrics.values():
         assert value.shape == (cfg.num_updates,)
         assert np.all(np.isfinite(value))
@@ -392,6 +395,55 @@ def test_learned_schedules_at_zero_are_ppo_and_a_constant_scale_is_a_scaled_hype
     assert not np.allclose(m_meta["value_loss"], m_ppo["value_loss"])
     with pytest.raises(ValueError, match=r"^fields: \['gamma'\]; allowed: one or more of lr, ent_coef, clip_eps$"):
         LearnedSchedules(fields=("gamma",))
+
+
+class _StepsOnlyAfterSeeing:
+    """An adaptive schedule whose learning rate is 0 until something has been observed (``after=True``),
+    or 0 from then on (``after=False``)."""
+    adaptive = True
+
+    def __init__(self, after):
+        self.after = after
+
+    def init(self, key):
+        return {}
+
+    def apply(self, meta_params, progress, observed):
+        seen = ~jnp.isnan(observed.approx_kl)
+        return {"lr": jnp.where(seen == self.after, 1.0, 0.0)}
+
+
+def test_an_adaptive_schedule_sees_the_previous_update_and_at_zero_is_ppo():
+    cfg = PPOConfig(**TINY)
+    key = jax.random.key(7)
+    # The trainer hands an adaptive schedule what the previous update saw, nothing before the first:
+    # a step only in the first update moves the policy then and never after (KL 0), and the converse.
+    _, first_only = jax.jit(make_train(cfg, schedule=_StepsOnlyAfterSeeing(after=False)))(key, {"schedule": {}})
+    _, later_only = jax.jit(make_train(cfg, schedule=_StepsOnlyAfterSeeing(after=True)))(key, {"schedule": {}})
+    assert float(first_only["approx_kl"][0]) > 0 and np.all(np.asarray(first_only["approx_kl"][1:]) == 0)
+    assert float(later_only["approx_kl"][0]) == 0 and np.all(np.asarray(later_only["approx_kl"][1:]) > 0)
+    assert np.all(np.asarray(first_only["clip_fraction"][1:]) == 0)
+    # AdaptiveSchedules at zero is PPO (every multiplier exactly 1; the compiled programs differ, so
+    # rounding may); its multipliers follow the observed KL and clip fraction.
+    family = AdaptiveSchedules()
+    zero = family.init(None)
+    _, m_ppo = jax.jit(make_train(cfg))(key)
+    _, m_zero = jax.jit(make_train(cfg, schedule=family))(key, {"schedule": zero})
+    for name in m_ppo:
+        np.testing.assert_allclose(m_zero[name], m_ppo[name], rtol=1e-5, atol=1e-6)
+    progress = training_progress(jnp.int32(5), 10)
+    meta = dict(zero, lr=jnp.array([0.0, 0.0, -1.0, 0.0]), clip_eps=jnp.array([0.0, 0.0, 0.0, 1.0]))
+    high = family.apply(meta, progress, Observed(jnp.float32(0.1), jnp.float32(0.3)))
+    low = family.apply(meta, progress, Observed(jnp.float32(0.001), jnp.float32(0.1)))
+    np.testing.assert_allclose(float(high["lr"]), 0.1, rtol=1e-5)      # KL 10x kl_ref: exp(-log 10)
+    np.testing.assert_allclose(float(low["lr"]), 10.0, rtol=1e-5)
+    np.testing.assert_allclose(float(high["clip_eps"]), np.exp(1.0), rtol=1e-5)   # clip fraction 0.3: c = 1
+    assert float(family.apply(meta, progress, Observed(jnp.float32(100.0), jnp.float32(0.1)))["lr"]) == \
+        pytest.approx(np.exp(-3.0), rel=1e-5)   # log(KL / kl_ref) is clipped to [-3, 3]
+    nothing = family.apply(meta, progress, Observed(jnp.float32(jnp.nan), jnp.float32(jnp.nan)))
+    assert {k: float(v) for k, v in nothing.items()} == {"lr": 1.0, "ent_coef": 1.0, "clip_eps": 1.0}
+    with pytest.raises(ValueError, match=r"^kl_ref: 0; allowed: a number > 0$"):
+        AdaptiveSchedules(kl_ref=0)
 
 
 def test_value_loss_family_moves_between_clipped_and_unclipped_l2():

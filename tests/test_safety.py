@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,3 +100,17 @@ def test_config_ranges_in_process(override, message):
     with pytest.raises(config.ConfigError) as err:
         config.load("value_loss", [override])
     assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).parents[1] / "experiments" / "experiment").glob("*.yaml")))
+def test_every_shipped_experiment_builds_its_tasks_held_out_tasks_and_tuning(name):
+    # Composing, checking and building everything up to compilation: a shipped file that a refactor
+    # broke fails here in seconds, not after a GPU run has started.
+    from metarl import config, run, tasks
+
+    cfg = config.load(name)
+    task = tasks.build_task(cfg)
+    assert task.template is not None
+    if cfg.eval_tasks:
+        tasks.build_task(cfg, tasks.task_specs(cfg, "eval_tasks"))
+    run.check_tuning(cfg)   # builds the tuning search and checks its budget
