@@ -474,8 +474,6 @@ class Observed(NamedTuple):
     clip_fraction: jax.Array   # the fraction of samples whose ratio r was outside [1 - clip_eps, 1 + clip_eps]
 
 
-NOTHING_OBSERVED = Observed(jnp.float32(jnp.nan), jnp.float32(jnp.nan))
-
 SCHEDULED_FIELDS = ("lr", "ent_coef", "clip_eps")
 
 

@@ -45,7 +45,6 @@ from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
     CONSTANT_SCHEDULE,
     L2_VALUE_LOSS,
-    NOTHING_OBSERVED,
     Component,
     Observed,
     Progress,
@@ -411,7 +410,8 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             carry = (params, opt_state, env_state, obs, ep_return, mean_return, Observed(kl, clip_fraction))
             return carry, metrics
 
-        carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()), NOTHING_OBSERVED)
+        carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()),
+                 Observed(jnp.float32(jnp.nan), jnp.float32(jnp.nan)))  # nothing seen before the first update
         carry, metrics = jax.lax.scan(update, carry, (jax.random.split(k_run, n_updates),
                                                       jnp.arange(n_updates, dtype=jnp.int32)))
         return carry[0], metrics

@@ -7,6 +7,8 @@ at once, and the same command then finishes the run exactly as an uninterrupted 
 closed terminal) stops it like SIGTERM: after the generation in flight, with a checkpoint, exit code
 129 and the command that continues it.
 """
+import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +23,17 @@ from clihelp import TINY, alive, children_of, env_vars, final_state, records
 from metarl import runlock
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+PR_SET_CHILD_SUBREAPER = 36  # Linux prctl: orphaned descendants are re-parented to this process
+
+
+@pytest.fixture(scope="module", autouse=True)
+def subreaper():
+    """This process adopts whatever the runs it starts leave behind, so that after a run has ended its
+    leftovers are this process's children: nothing need be watched while it runs."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
+    yield
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 GENS = 6
 # A little more work per generation than TINY, so that a kill can land inside one.
@@ -36,16 +49,14 @@ class Run:
         with open(log, "w") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "metarl.evolve", *ARGS, f"run_dir={run_dir}"],
                                          cwd=run_dir.parent, env=env_vars(), stdout=out, stderr=subprocess.STDOUT)
-        self.children: set[int] = set()
 
     def watch(self, ready, timeout: float = 300) -> bool:
-        """Poll until ``ready()``, noting any process the run started; False if the run ended first."""
+        """Poll until ``ready()``; False if the run ended first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.proc.poll() is None:
-            self.children.update(children_of(self.proc.pid))
             if ready():
                 return True
-            time.sleep(0.0005)
+            time.sleep(0.001)
         return False
 
     def output(self) -> str:
@@ -66,8 +77,9 @@ def writing_checkpoint(run_dir: Path) -> bool:
 
 
 def assert_nothing_left(run: Run):
-    """No process of the run is alive and the run directory is free, as soon as the run has ended."""
-    left = [pid for pid in run.children if alive(pid)]
+    """No process of the run is alive and the run directory is free, as soon as the run has ended
+    (anything it started and left is now a child of this process, the subreaper)."""
+    left = [pid for pid in children_of(os.getpid()) if alive(pid)]
     assert not left, f"processes the run started outlive it: {left}"
     lock = runlock.acquire(run.run_dir)  # raises RunDirLocked, naming the holder, if one is left
     lock.release()
