@@ -99,6 +99,10 @@ class BaselineSection:
                                           lambda n: n is None or n > 0, default=None)
     # es.* settings of the tuning search that differ from the run's own (e.g. {strategy: Sep_CMA_ES, std_init: 1.0})
     es: dict = dataclasses.field(default_factory=dict)
+    # A run directory whose finished tuning (its tuned.json, of the same space, tasks and inner settings)
+    # this run uses instead of tuning again: one tuned PPO shared by several searches.
+    tuned_from: Optional[str] = _checked("a run directory whose tuned.json this run uses, or null (tune here)",
+                                         lambda path: path is None or path.strip(), default=None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,10 +179,33 @@ def check_tuning(cfg: RunConfig) -> None:
         build_task(tcfg)
     except ConfigError as err:
         raise ConfigError(str(err).replace("component.search", "baseline.tune")) from None
-    if trainings(tcfg) < trainings(cfg):
+    if cfg.baseline.tuned_from:
+        tuned_elsewhere(cfg)
+    elif trainings(tcfg) < trainings(cfg):
         raise ConfigError(f"baseline.generations: the tuning trains {trainings(tcfg):,} agents, fewer than the "
                           f"search's {trainings(cfg):,}; allowed: a tuning budget at least the search's (more "
                           "generations, or baseline.es.popsize)")
+
+
+def tuned_elsewhere(cfg: RunConfig) -> dict:
+    """The tuning of ``baseline.tuned_from`` (its tuned.json, with ``from``): refused (``ConfigError``)
+    unless it is finished and was tuned over this run's space, on its tasks, with its inner settings
+    other than the tuned ones, and with at least the search's number of trainings."""
+    where = Path(cfg.baseline.tuned_from).expanduser()
+    tuned = config_lib.read_tuned(where)
+    if tuned is None:
+        raise ConfigError(f"baseline.tuned_from: {where} holds no {TUNED_FILE}; allowed: a run directory whose "
+                          "tuning has finished")
+    theirs = config_lib.read_saved(where, "baseline.tuned_from")
+    fixed = lambda inner: {k: v for k, v in (inner or {}).items() if k not in cfg.baseline.tune}  # noqa: E731
+    if (tuned.get("search_space") != dict(cfg.baseline.tune) or tuned.get("tasks") != [s.name for s in task_specs(cfg)]
+            or fixed(theirs.get("inner")) != fixed(cfg.inner)):
+        raise ConfigError(f"baseline.tuned_from: {where} was tuned over another space, on other tasks or with other "
+                          "inner settings; allowed: a run with this run's baseline.tune, tasks and inner")
+    if tuned["trainings"] < trainings(cfg):
+        raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
+                          f"search's {trainings(cfg):,}; allowed: a tuning at least as large as the search")
+    return {**tuned, "from": str(where.resolve())}
 
 
 def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict]:
@@ -197,6 +220,12 @@ def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict
         if tuned.get("search_space") != dict(cfg.baseline.tune) or tuned.get("tasks", names) != names:
             raise ConfigError(f"baseline.tune: {run_dir / TUNED_FILE} was tuned over another space or other tasks; "
                               "allowed: the run's own tuning (move that file away to tune again)")
+        return tuned
+    if cfg.baseline.tuned_from:
+        tuned = tuned_elsewhere(cfg)
+        if jax.process_index() == 0:
+            atomic_write(run_dir / TUNED_FILE, json.dumps(tuned, indent=2))
+        say(f"tuned baseline from {tuned['from']}: " + ", ".join(f"{k} {v:.4g}" for k, v in tuned["hyperparameters"].items()))
         return tuned
     tcfg = tuning_config(cfg, run_dir)
     say(f"tuning the baseline's {', '.join(cfg.baseline.tune)} first: {tcfg.es.generations} generations of "
@@ -214,7 +243,9 @@ def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict
              "search_space": dict(cfg.baseline.tune), "tasks": task.names, "picked": info.get("picked", "best member"),
              "fitness": info.get("validation_fitness", info.get("fitness")),
              "trainings": trainings(tcfg) + summary.get("validation_trainings", 0),
-             "search_trainings": trainings(cfg), "seconds": time.perf_counter() - t, "seed": tcfg.seed,
+             # this session's wall time, plus the generations an earlier session ran before a kill
+             "search_trainings": trainings(cfg), "seed": tcfg.seed,
+             "seconds": time.perf_counter() - t + sum(r.get("seconds", 0.0) for r in prepared[4]),
              "run_dir": TUNE_DIR}
     if jax.process_index() == 0:
         atomic_write(run_dir / TUNED_FILE, json.dumps(tuned, indent=2))
@@ -231,7 +262,8 @@ def validate(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: Path, s
     ``fitness.validation_seeds`` seeds the search never used (a stream of its own of the run's seed),
     as the search scored them, and export the best of them: the best member is the one the seed noise
     flattered most. Writes RUN_DIR/validation.json; returns it."""
-    found = np.flatnonzero(np.isfinite(np.asarray(jax.device_get(state.top_fitness))[:cfg.fitness.validation_top]))
+    top_fitness, top_generation = (np.asarray(jax.device_get(x)) for x in (state.top_fitness, state.top_generation))
+    found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
     top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
     candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
     keys = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), _VALIDATION_STREAM),
@@ -239,8 +271,8 @@ def validate(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: Path, s
     with progress(f"scoring {len(found) + 1} candidates on {len(keys)} fresh seeds", enabled=shown):
         fitness, per_seed = jax.device_get(jax.jit(evo.rescore)(candidates, keys))
     labels = [f"top {i + 1}" for i in found] + ["search mean"]
-    search_fitness = [float(state.top_fitness[i]) for i in found] + [None]
-    generation = [int(state.top_generation[i]) for i in found] + [int(state.generation)]
+    search_fitness = [float(top_fitness[i]) for i in found] + [None]
+    generation = [int(top_generation[i]) for i in found] + [int(state.generation)]
     rows = [{"candidate": label, "generation": g, "search_fitness": f, "validation_fitness": float(v),
              "validation_ci95": [float(b) for b in t_interval(np.asarray(s, np.float64))]}
             for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]

@@ -132,3 +132,20 @@ def test_the_pick_on_fresh_seeds_is_the_really_best_candidate_not_the_luckiest()
     assert picked == int(np.argmin(true_loss))      # the fresh seeds find the really best candidate
     assert picked != 0                               # which is not the best member the search saw
     assert np.all(np.diff(np.asarray(state.top_fitness)) <= 0)   # the kept members, best first
+
+
+def test_a_run_can_use_another_runs_tuned_baseline(tuned_run, tmp_path):
+    source, _ = tuned_run
+    args = [*ARGS, f"baseline.tuned_from={source}"]
+    # Tuned with other inner settings: refused before anything runs.
+    refused = evolve([*args, "inner.num_envs=4", f"run_dir={tmp_path / 'other'}"], cwd=tmp_path)
+    assert refused.returncode == 2 and not (tmp_path / "other").exists()
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        f"error: baseline.tuned_from: {source} was tuned over another space, on other tasks or with other inner")
+    run_dir = tmp_path / "run"
+    result = evolve([*args, f"run_dir={run_dir}"], cwd=tmp_path, timeout=800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not (run_dir / "tune").exists()   # no tuning of its own
+    mine, theirs = (json.loads((d / "tuned.json").read_text()) for d in (run_dir, source))
+    assert mine["from"] == str(source.resolve()) and mine["hyperparameters"] == theirs["hyperparameters"]
+    assert json.loads((run_dir / "reference.json").read_text())["tuned"] == theirs["hyperparameters"]
