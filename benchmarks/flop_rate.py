@@ -103,7 +103,7 @@ def ppo_analytic_flops_per_frame(obs: int = 4, hidden: tuple = (64, 64), actions
     return rollout + update
 
 
-def matmul_rate(batch: int, rows: int = 128, repeats: int = 3, target_flops: float = 4e9) -> float:
+def matmul_rate(batch: int, rows: int = 128, repeats: int = 5, target_flops: float = 4e9) -> float:
     """Median FLOP/s of a jitted loop of ``batch`` independent (rows x 64) @ (64 x 64) f32 products."""
     per_iter = 2.0 * batch * rows * 64 * 64
     iters = max(100, int(target_flops / per_iter))
