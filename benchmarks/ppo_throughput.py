@@ -10,6 +10,10 @@ object to stdout (progress goes to stderr):
   their own; JAX's persistent compilation cache is not used here), ``first_run_s``, ``run_s`` (median
   of ``--repeats`` runs after the first), ``frames_per_s`` (agents x frames per run / run_s)
   and every run's seconds;
+- per implementation and agent count also ``dot_flops_per_frame`` and ``matmul_fraction``, and per agent
+  count ``matmul_rate_gflops``: the matrix-product FLOPs of the compiled training per frame and the
+  share of this process's measured f32 matrix-product rate at PPO's shapes that it reaches (see
+  ``flop_rate.py``, shared with ``ppo_side_by_side.py``);
 - per agent count: ``ratio_metarl_over_reference`` of frames/s (> 1 means metarl is faster);
 - jax version, device count, ``os.cpu_count()``, the CPUs the process may use, and ``XLA_FLAGS``.
 
@@ -36,16 +40,18 @@ import jax
 from metarl.inner_loops.ppo import PPOConfig, make_train as make_metarl_train
 
 try:  # run as a script: benchmarks/ is on sys.path
+    import flop_rate
     import reference_ppo
 except ImportError:  # imported as benchmarks.ppo_throughput
-    from benchmarks import reference_ppo
+    from benchmarks import flop_rate, reference_ppo
 
 IMPLS = ("metarl", "reference")
 
 
 def build(impl: str, total_timesteps: int, n_agents: int, compiler_options: dict | None = None):
     """(fn(key) training ``n_agents`` vmapped agents, frames stepped per agent, seconds spent tracing
-    and compiling it), compiled with ``compiler_options`` (None: JAX's defaults, as a plain jit)."""
+    and compiling it, matrix-product FLOPs per frame), compiled with ``compiler_options`` (None: JAX's
+    defaults, as a plain jit)."""
     if impl == "metarl":
         config = PPOConfig(env="CartPole-v1", total_timesteps=total_timesteps)
         train = make_metarl_train(config)
@@ -61,7 +67,8 @@ def build(impl: str, total_timesteps: int, n_agents: int, compiler_options: dict
     start = time.perf_counter()
     compiled = many.lower(keys).compile(compiler_options or None)
     compile_s = time.perf_counter() - start
-    return (lambda key: compiled(jax.random.split(key, n_agents))), frames, compile_s
+    flops = flop_rate.hlo_dot_flops(compiled) / (frames * n_agents)
+    return (lambda key: compiled(jax.random.split(key, n_agents))), frames, compile_s, flops
 
 
 def timed(fn, key) -> float:
@@ -93,6 +100,7 @@ def main() -> None:
 
     results: dict = {}
     ratios: dict = {}
+    rates: dict = {}
     for n in args.agents:
         key = jax.random.key(n)
         fns, first, runs = {}, {}, {impl: [] for impl in impls}
@@ -105,6 +113,8 @@ def main() -> None:
             for impl in order:
                 runs[impl].append(timed(fns[impl][0], jax.random.fold_in(key, r + 1)))
                 log(f"[{n} agents] {impl}: run {r} {runs[impl][-1]:.3f}s")
+        rate = flop_rate.matmul_rate(n, rows=128)
+        rates[str(n)] = round(rate / 1e9, 2)
         for impl in impls:
             run_s = statistics.median(runs[impl])
             frames = fns[impl][1] * n
@@ -115,6 +125,8 @@ def main() -> None:
                 "frames_per_s": round(frames / run_s),
                 "frames_per_run": frames,
                 "runs_s": [round(t, 4) for t in runs[impl]],
+                "dot_flops_per_frame": round(fns[impl][3]),
+                "matmul_fraction": round(frames / run_s * fns[impl][3] / rate, 3),
             }
         if "metarl" in results and "reference" in results:
             ratios[str(n)] = round(results["metarl"][str(n)]["frames_per_s"]
@@ -133,6 +145,9 @@ def main() -> None:
         "compiler_options": options or {},
         "results": results,
         "ratio_metarl_over_reference": ratios,
+        "matmul_rate_gflops": rates,
+        "matmul_shape": "agents x (128x64 @ 64x64), f32, jitted fori_loop",
+        "flops_counted": "dot FLOPs of the optimised HLO x loop trip counts (flop_rate.hlo_dot_flops)",
         "jax": jax.__version__,
         "jaxlib": getattr(jax.lib, "__version__", None) or __import__("jaxlib").__version__,
         "backend": jax.default_backend(),

@@ -331,12 +331,15 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             update_config = config.replace(**{k: getattr(config, k) * m for k, m in scales.items() if k != "lr"})
             k_act, k_env, k_perm, k_reset = jax.random.split(key, 4)
             # Every random number of the rollout in two draws, not two per step.
-            if continuous:
-                noise = jax.random.normal(k_act, (n_steps, n_envs, action_dim))
-            else:
-                noise = jax.random.gumbel(k_act, (n_steps, n_envs, action_dim))
-            env_keys = jax.random.split(k_env, (n_steps, n_envs))
-            resets = v_reset_block(jax.random.split(k_reset, (n_steps, n_envs)), env_params)
+            # (The named scopes only label the program's parts for profiles: benchmarks/ppo_profile.py.)
+            with jax.named_scope("sampling"):
+                if continuous:
+                    noise = jax.random.normal(k_act, (n_steps, n_envs, action_dim))
+                else:
+                    noise = jax.random.gumbel(k_act, (n_steps, n_envs, action_dim))
+            with jax.named_scope("env_step"):
+                env_keys = jax.random.split(k_env, (n_steps, n_envs))
+                resets = v_reset_block(jax.random.split(k_reset, (n_steps, n_envs)), env_params)
 
             def env_step(c, xs):
                 env_state, obs, ep_return = c
@@ -345,15 +348,18 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 # Only what choosing the action needs happens step by step: the policy's output.
                 # Its log-probabilities and the values are computed after the rollout, for all
                 # steps at once (about 10% faster at 8 and 32 agents on a 2-core CPU).
-                pi_out, log_std = network.apply(params, fobs, method=ActorCritic.policy)
-                if continuous:
-                    action = pi_out + jnp.exp(log_std) * eps
-                    env_action = jnp.clip(action, low, high)
-                else:
-                    action = jnp.argmax(pi_out + eps, axis=-1)
-                    env_action = action
-                next_obs, env_state, reward, term, trunc, final_obs = v_step(
-                    keys, env_state, env_action, reset_obs, reset_state, env_params)
+                with jax.named_scope("network"):
+                    pi_out, log_std = network.apply(params, fobs, method=ActorCritic.policy)
+                with jax.named_scope("sampling"):
+                    if continuous:
+                        action = pi_out + jnp.exp(log_std) * eps
+                        env_action = jnp.clip(action, low, high)
+                    else:
+                        action = jnp.argmax(pi_out + eps, axis=-1)
+                        env_action = action
+                with jax.named_scope("env_step"):
+                    next_obs, env_state, reward, term, trunc, final_obs = v_step(
+                        keys, env_state, env_action, reset_obs, reset_state, env_params)
                 reward = reward.astype(jnp.float32)
                 done = jnp.logical_or(term, trunc)
                 ep_return = ep_return + reward
@@ -365,16 +371,17 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             (env_state, obs, ep_return), traj = jax.lax.scan(
                 env_step, (env_state, obs, ep_return), (noise, env_keys, resets), unroll=config.unroll)
             t_obs, t_action, t_pi, t_reward, t_done, t_trunc, t_final, t_finished = traj
-            if continuous:
-                t_logp = gaussian_log_prob(t_pi, params["params"]["log_std"], t_action)  # state-independent
-            else:
-                t_logp = categorical_log_prob(t_pi, t_action)
-            # Every value of the update in one call: the observations acted on, the real last
-            # observations of episodes cut by a time limit (gymnax's auto-reset already replaced them
-            # in `obs`), and the observation after the rollout.
-            values = network.apply(params, jnp.concatenate([
-                t_obs.reshape(batch_size, -1), t_final.reshape(batch_size, -1), flat(obs)]),
-                method=ActorCritic.value)
+            with jax.named_scope("network"):
+                if continuous:
+                    t_logp = gaussian_log_prob(t_pi, params["params"]["log_std"], t_action)  # state-independent
+                else:
+                    t_logp = categorical_log_prob(t_pi, t_action)
+                # Every value of the update in one call: the observations acted on, the real last
+                # observations of episodes cut by a time limit (gymnax's auto-reset already replaced
+                # them in `obs`), and the observation after the rollout.
+                values = network.apply(params, jnp.concatenate([
+                    t_obs.reshape(batch_size, -1), t_final.reshape(batch_size, -1), flat(obs)]),
+                    method=ActorCritic.value)
             t_value = values[:batch_size].reshape(n_steps, n_envs)
             v_final = values[batch_size:2 * batch_size].reshape(n_steps, n_envs)
             last_value = values[2 * batch_size:]
@@ -388,17 +395,21 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             data = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), data)
             # One draw and one gather per field for every epoch's shuffle, and one loop over all
             # epochs' minibatches: nested per-epoch loops with a gather each were slower on CPU.
-            perms = random_permutations(k_perm, n_epochs, batch_size)
-            minibatches = jax.tree.map(
-                lambda x: x[perms].reshape((n_epochs * n_mb, mb_size) + x.shape[1:]), data)
+            with jax.named_scope("sampling"):
+                perms = random_permutations(k_perm, n_epochs, batch_size)
+                minibatches = jax.tree.map(
+                    lambda x: x[perms].reshape((n_epochs * n_mb, mb_size) + x.shape[1:]), data)
 
             def minibatch(c, mb):
                 params, opt_state = c
-                (_, aux), grads = grad_fn(params, mb, progress, update_config)
-                updates, opt_state = tx.update(grads, opt_state, params)
-                if step_scale is not None:  # Adam's step is proportional to its learning rate
-                    updates = jax.tree.map(lambda u: u * step_scale, updates)
-                return (optax.apply_updates(params, updates), opt_state), aux
+                with jax.named_scope("network"):
+                    (_, aux), grads = grad_fn(params, mb, progress, update_config)
+                with jax.named_scope("optimizer"):
+                    updates, opt_state = tx.update(grads, opt_state, params)
+                    if step_scale is not None:  # Adam's step is proportional to its learning rate
+                        updates = jax.tree.map(lambda u: u * step_scale, updates)
+                    params = optax.apply_updates(params, updates)
+                return (params, opt_state), aux
 
             (params, opt_state), aux = jax.lax.scan(minibatch, (params, opt_state), minibatches)
             v_loss, pg_loss, ent, kl, clip_fraction = (a.mean() for a in aux)

@@ -1,0 +1,124 @@
+"""Matrix-product FLOPs of a compiled program, and this machine's f32 matrix-product rate at PPO's shapes.
+
+``matmul_fraction = (dot FLOPs per frame x frames/s) / matmul_rate``: how much of what XLA's CPU
+matrix products reach on PPO's own shapes a training run uses.
+
+- ``hlo_dot_flops(compiled)``: the FLOPs of every ``dot`` in the optimised HLO of a compiled program
+  (2 x output elements x contracted length), each multiplied by the trip counts of the loops around it
+  (the ``known_trip_count`` XLA writes on each ``while``). ``compiled.cost_analysis()["flops"]`` is not
+  used: XLA's cost analysis counts a loop's body once, whatever its trip count (a PPO training of 1 and
+  of 16 updates report the same figure), so it undercounts a scanned training by orders of magnitude.
+  Products that metarl writes as matrix-vector products or broadcast multiplies (its narrow actor head)
+  are not ``dot``s after XLA's simplification and are not counted; ``ppo_analytic_flops_per_frame``
+  counts every layer and is the cross-check.
+- ``matmul_rate(batch, rows)``: FLOP/s of a jitted loop of ``batch`` independent
+  ``(rows x 64) @ (64 x 64)`` products (``rows=128`` is PPO's minibatch, ``batch`` the vmapped agents).
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+_COMP = re.compile(r"^(ENTRY )?%?([\w.\-]+) \((.*)\) -> .* \{$")
+_PARAM = re.compile(r"([\w.\-]+): ((?:\w+)\[[\d,]*\])")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*?)\s([a-z][\w\-]*)\((.*)$")
+_ARRAY = re.compile(r"^\w+\[([\d,]*)\]")
+_CALLS = re.compile(r"\b(?:calls|body|condition|to_apply|branch_computations)=(?:\{([^}]*)\}|%?([\w.\-]+))")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+def _dims(text: str) -> list[int]:
+    return [int(d) for d in text.split(",") if d]
+
+
+def hlo_dot_flops(compiled) -> float:
+    """FLOPs of the ``dot`` instructions of ``compiled`` (a ``jax.stages.Compiled``), loops unrolled."""
+    shapes: dict[str, list[int]] = {}
+    comps: dict[str, dict] = {}
+    entry = None
+    current = None
+    for line in compiled.as_text().splitlines():
+        m = _COMP.match(line)
+        if m:
+            current = {"dots": 0.0, "calls": []}
+            comps[m.group(2)] = current
+            if m.group(1):
+                entry = m.group(2)
+            for name, shape in _PARAM.findall(m.group(3)):
+                shapes[name] = _dims(shape[shape.index("[") + 1:-1])
+            continue
+        m = _INSTR.match(line)
+        if not m or current is None:
+            continue
+        name, shape, op, rest = m.groups()
+        array = _ARRAY.match(shape)
+        if array:
+            shapes[name] = _dims(array.group(1))
+        if op == "dot":
+            lhs = re.match(r"\s*%?([\w.\-]+)", rest).group(1)
+            contract = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
+            k = 1
+            for d in _dims(contract.group(1)) if contract else []:
+                k *= shapes[lhs][d]
+            out = 1
+            for d in shapes[name]:
+                out *= d
+            current["dots"] += 2.0 * out * k
+        trip = _TRIP.search(rest)
+        times = int(trip.group(1)) if (op == "while" and trip) else 1
+        for listed, single in _CALLS.findall(rest):
+            for callee in (listed or single).split(","):
+                callee = callee.strip().lstrip("%")
+                if callee:
+                    current["calls"].append((callee, times))
+
+    def total(name: str, seen=()) -> float:
+        comp = comps.get(name)
+        if comp is None or name in seen:
+            return 0.0
+        return comp["dots"] + sum(t * total(c, seen + (name,)) for c, t in comp["calls"])
+
+    return total(entry)
+
+
+def ppo_analytic_flops_per_frame(obs: int = 4, hidden: tuple = (64, 64), actions: int = 2,
+                                 num_envs: int = 4, num_steps: int = 128, update_epochs: int = 4) -> float:
+    """Multiply-add FLOPs (2 per multiply-add) of PPO's dense layers per environment frame: the policy
+    forward in the rollout, the value forward on the rollout, the final observations and the last
+    observation (metarl's layout; PureJaxRL computes the value inside the rollout, about the same), and
+    per epoch a forward and backward pass of actor and critic (the backward pass without the input
+    gradient of the first layer)."""
+    def layers(out):
+        sizes = [obs, *hidden, out]
+        return list(zip(sizes[:-1], sizes[1:]))
+    fwd = lambda out: sum(2 * a * b for a, b in layers(out))  # noqa: E731
+    bwd = lambda out: sum(2 * a * b * (1 if i == 0 else 2) for i, (a, b) in enumerate(layers(out)))  # noqa: E731
+    batch = num_envs * num_steps
+    rollout = fwd(actions) + fwd(1) * (2 * batch + num_envs) / batch
+    update = update_epochs * (fwd(actions) + fwd(1) + bwd(actions) + bwd(1))
+    return rollout + update
+
+
+def matmul_rate(batch: int, rows: int = 128, repeats: int = 5, target_flops: float = 4e9) -> float:
+    """Median FLOP/s of a jitted loop of ``batch`` independent (rows x 64) @ (64 x 64) f32 products."""
+    per_iter = 2.0 * batch * rows * 64 * 64
+    iters = max(100, int(target_flops / per_iter))
+    w = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (64, 64)))[0]  # orthogonal: no blow-up
+    ws = jnp.broadcast_to(w, (batch, 64, 64))
+    x = jax.random.normal(jax.random.key(1), (batch, rows, 64))
+
+    @jax.jit
+    def loop(x, ws):
+        return jax.lax.fori_loop(0, iters, lambda i, x: jnp.einsum("brk,bkn->brn", x, ws), x)
+
+    jax.block_until_ready(loop(x, ws))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(loop(x, ws))
+        times.append(time.perf_counter() - start)
+    return per_iter * iters / statistics.median(times)
