@@ -10,6 +10,7 @@ import os
 from typing import Any, Optional
 
 import jax
+import jaxlib
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -41,11 +42,30 @@ def _cgroup_cpu_quota() -> Optional[float]:
         return None
 
 
+# XLA ends the process (SIGABRT) when a CPU device has waited for another at a cross-device collective
+# for about a minute (20 s to a warning, then this flag's 40 s): a CPU generation of many minutes on a
+# machine with other work can lag that much on one device. XLA reads the flag from XLA_FLAGS when its
+# backend starts; jaxlib releases before 0.9 lack it, and an unknown flag would end the process too.
+COLLECTIVE_TIMEOUT_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
+COLLECTIVE_TIMEOUT_S = 24 * 3600
+
+
+def patient_cpu_collectives() -> None:
+    """Let CPU devices wait for each other at a collective for a day (``COLLECTIVE_TIMEOUT_FLAG``)
+    unless ``XLA_FLAGS`` already sets the flag; effective only before JAX starts its backends."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if COLLECTIVE_TIMEOUT_FLAG in flags or tuple(int(x) for x in jaxlib.__version__.split(".")[:2]) < (0, 9):
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} --{COLLECTIVE_TIMEOUT_FLAG}={COLLECTIVE_TIMEOUT_S}".strip()
+
+
 def use_cpu_cores(num_cpu_devices: int | str = "auto") -> None:
     """Give this process its CPU devices before JAX starts its backends: ``num_cpu_devices``, or with
     ``auto`` one per usable core (unless ``JAX_NUM_CPU_DEVICES`` or XLA's forced device count says how
     many). With an accelerator they are idle and cost nothing. Once JAX has started, its devices stay;
-    a count that differs from them is refused (``ValueError``)."""
+    a count that differs from them is refused (``ValueError``). Devices that wait for each other at a
+    collective wait as long as they must (``patient_cpu_collectives``)."""
+    patient_cpu_collectives()
     auto = num_cpu_devices == "auto"
     if auto and any(setting in os.environ.get("XLA_FLAGS", "") or os.environ.get(setting, "").strip()
                     for setting in CPU_DEVICE_SETTINGS):

@@ -8,12 +8,14 @@ hang fails the test instead of the session. The runs here leave the optimisation
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import socket
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import pytest
 
@@ -221,3 +223,62 @@ def test_metarl_compiles_at_its_own_level_unless_xla_flags_sets_one(monkeypatch)
     np.testing.assert_allclose(compilation.compile_program(program, x)(x), program(x), rtol=1e-6)
     monkeypatch.setenv("XLA_FLAGS", without_opt_level_flag() + " --xla_backend_optimization_level=2")
     assert compilation.compiler_options() == {}
+
+
+LAGGING_DEVICE = '''
+import sys, time
+import jax
+from metarl import devices
+devices.use_cpu_cores(2)
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+mesh = Mesh(jax.devices(), ("d",))
+
+def late(x):
+    time.sleep(float(sys.argv[1]))
+    return x
+
+def body(x):  # device 0 reaches the all-gather argv[1] seconds after device 1
+    x = jax.lax.cond(jax.lax.axis_index("d") == 0,
+                     lambda v: jax.pure_callback(late, jax.ShapeDtypeStruct(v.shape, v.dtype), v), lambda v: v, x)
+    return jax.lax.all_gather(x.sum(), "d")
+
+f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=P(), check_vma=False))
+print(np.asarray(f(jax.device_put(jnp.ones(4), NamedSharding(mesh, P("d"))))).tolist())
+'''
+
+
+def _lagging_device(tmp_path, lag: float, xla_flags=None):
+    script = tmp_path / "lag.py"
+    script.write_text(LAGGING_DEVICE)
+    env = {k: v for k, v in env_vars().items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    env.update({"XLA_FLAGS": xla_flags} if xla_flags else {})
+    return subprocess.run([sys.executable, str(script), str(lag)], env=env, capture_output=True, text=True,
+                          timeout=lag + 120)
+
+
+@pytest.mark.timeout(200)
+def test_a_device_late_at_a_collective_is_waited_for_unless_the_user_says_otherwise(tmp_path):
+    # XLA ends the process when a CPU device waits for another at a collective too long; metarl sets
+    # that limit to a day before JAX starts (patient_cpu_collectives). A user's own XLA_FLAGS value
+    # stands: at 1 s a device 25 s late ends the process, as it shows the lag is real.
+    from metarl import devices
+
+    if tuple(int(x) for x in jaxlib.__version__.split(".")[:2]) < (0, 9):
+        pytest.skip("jaxlib before 0.9 has no such flag")
+    proc = _lagging_device(tmp_path, 25, f"--{devices.COLLECTIVE_TIMEOUT_FLAG}=1")
+    assert proc.returncode == -signal.SIGABRT and "Termination timeout" in proc.stderr, proc.stderr[-2000:]
+    code = ("import os, jax\nfrom metarl import devices\ndevices.use_cpu_cores(2)\nprint(os.environ['XLA_FLAGS'])\n"
+            "assert jax.device_count() == 2")
+    env = {k: v for k, v in env_vars().items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"--{devices.COLLECTIVE_TIMEOUT_FLAG}=86400", out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_device_a_minute_late_at_a_collective_is_waited_for(tmp_path):
+    proc = _lagging_device(tmp_path, 70)   # XLA's own limit: about 60 s
+    assert proc.returncode == 0 and proc.stdout.strip() == "[2.0, 2.0]", proc.stderr[-2000:]
