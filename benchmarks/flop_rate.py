@@ -16,12 +16,14 @@ matrix products reach on PPO's own shapes a training run uses.
 """
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 
 _COMP = re.compile(r"^(ENTRY )?%?([\w.\-]+) \((.*)\) -> .* \{$")
 _PARAM = re.compile(r"([\w.\-]+): ((?:\w+)\[[\d,]*\])")
@@ -122,3 +124,27 @@ def matmul_rate(batch: int, rows: int = 128, repeats: int = 5, target_flops: flo
         jax.block_until_ready(loop(x, ws))
         times.append(time.perf_counter() - start)
     return per_iter * iters / statistics.median(times)
+
+
+def cartpole_run_header(total: int, repeats: int, compile_mode: str, options) -> dict:
+    """The first keys of a PPO benchmark's JSON: the PureJaxRL CartPole config it ran and how."""
+    return {"config": {"env": "CartPole-v1", "num_envs": 4, "num_steps": 128, "update_epochs": 4,
+                       "num_minibatches": 4, "hidden": [64, 64], "total_timesteps": total},
+            "repeats": repeats, "compile": compile_mode, "compiler_options": options or {}}
+
+
+MATMUL_KEYS = {
+    "matmul_shape": "agents x (128x64 @ 64x64), f32, jitted fori_loop",
+    "flops_counted": "dot FLOPs of the optimised HLO x loop trip counts (flop_rate.hlo_dot_flops)",
+}
+
+
+def machine() -> dict:
+    """The last keys of a benchmark's JSON: the jax it ran on and the CPUs and flags it had."""
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        affinity = None
+    return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
+            "device_count": jax.device_count(), "cpu_count": os.cpu_count(), "cpu_affinity": affinity,
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}

@@ -177,32 +177,17 @@ def main() -> None:
                          "after": [round(x, 2) for x in os.getloadavg()]}
         del built
 
-    try:
-        affinity = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        affinity = None
     print(json.dumps({
         "benchmark": "ppo_cartpole_side_by_side_purejaxrl",
-        "config": {"env": "CartPole-v1", "num_envs": 4, "num_steps": 128, "update_epochs": 4,
-                   "num_minibatches": 4, "hidden": [64, 64], "total_timesteps": total},
-        "repeats": args.repeats,
-        "compile": args.compile,
-        "compiler_options": options or {},
+        **flop_rate.cartpole_run_header(total, args.repeats, args.compile, options),
         "results": results,
         "ratio_metarl_over_purejaxrl": ratios,
         "compile_ratio_metarl_over_purejaxrl": compile_ratios,
         "matmul_rate_gflops": rates,
-        "matmul_shape": "agents x (128x64 @ 64x64), f32, jitted fori_loop",
-        "flops_counted": "dot FLOPs of the optimised HLO x loop trip counts (flop_rate.hlo_dot_flops)",
         "analytic_flops_per_frame": analytic,
         "loadavg": loads,
-        "jax": jax.__version__,
-        "jaxlib": __import__("jaxlib").__version__,
-        "backend": jax.default_backend(),
-        "device_count": jax.device_count(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **flop_rate.MATMUL_KEYS,
+        **flop_rate.machine(),
     }))
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -132,29 +131,14 @@ def main() -> None:
             ratios[str(n)] = round(results["metarl"][str(n)]["frames_per_s"]
                                    / results["reference"][str(n)]["frames_per_s"], 3)
 
-    try:
-        affinity = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        affinity = None
     print(json.dumps({
         "benchmark": "ppo_cartpole_throughput",
-        "config": {"env": "CartPole-v1", "num_envs": 4, "num_steps": 128, "update_epochs": 4,
-                   "num_minibatches": 4, "hidden": [64, 64], "total_timesteps": total},
-        "repeats": args.repeats,
-        "compile": args.compile,
-        "compiler_options": options or {},
+        **flop_rate.cartpole_run_header(total, args.repeats, args.compile, options),
         "results": results,
         "ratio_metarl_over_reference": ratios,
         "matmul_rate_gflops": rates,
-        "matmul_shape": "agents x (128x64 @ 64x64), f32, jitted fori_loop",
-        "flops_counted": "dot FLOPs of the optimised HLO x loop trip counts (flop_rate.hlo_dot_flops)",
-        "jax": jax.__version__,
-        "jaxlib": getattr(jax.lib, "__version__", None) or __import__("jaxlib").__version__,
-        "backend": jax.default_backend(),
-        "device_count": jax.device_count(),
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": affinity,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **flop_rate.MATMUL_KEYS,
+        **flop_rate.machine(),
         "compilation_cache_dir": jax.config.jax_compilation_cache_dir,
     }))
 
