@@ -187,6 +187,11 @@ def check_tuning(cfg: RunConfig) -> None:
                           "generations, or baseline.es.popsize)")
 
 
+def _tuned_for(cfg: RunConfig, tuned: dict) -> bool:
+    """Whether ``tuned`` (a tuned.json) was tuned over ``cfg``'s ``baseline.tune`` on its tasks."""
+    return tuned.get("search_space") == dict(cfg.baseline.tune) and tuned.get("tasks") == [s.name for s in task_specs(cfg)]
+
+
 def tuned_elsewhere(cfg: RunConfig) -> dict:
     """The tuning of ``baseline.tuned_from`` (its tuned.json, with ``from``): refused (``ConfigError``)
     unless it is finished and was tuned over this run's space, on its tasks, with its inner settings
@@ -198,8 +203,7 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
                           "tuning has finished")
     theirs = config_lib.read_saved(where, "baseline.tuned_from")
     fixed = lambda inner: {k: v for k, v in (inner or {}).items() if k not in cfg.baseline.tune}  # noqa: E731
-    if (tuned.get("search_space") != dict(cfg.baseline.tune) or tuned.get("tasks") != [s.name for s in task_specs(cfg)]
-            or fixed(theirs.get("inner")) != fixed(cfg.inner)):
+    if not _tuned_for(cfg, tuned) or fixed(theirs.get("inner")) != fixed(cfg.inner):
         raise ConfigError(f"baseline.tuned_from: {where} was tuned over another space, on other tasks or with other "
                           "inner settings; allowed: a run with this run's baseline.tune, tasks and inner")
     if tuned["trainings"] < trainings(cfg):
@@ -216,8 +220,7 @@ def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict
         return None
     tuned = config_lib.read_tuned(run_dir)
     if tuned is not None:
-        names = [s.name for s in task_specs(cfg)]
-        if tuned.get("search_space") != dict(cfg.baseline.tune) or tuned.get("tasks", names) != names:
+        if not _tuned_for(cfg, tuned):
             raise ConfigError(f"baseline.tune: {run_dir / TUNED_FILE} was tuned over another space or other tasks; "
                               "allowed: the run's own tuning (move that file away to tune again)")
         return tuned
