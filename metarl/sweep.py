@@ -45,6 +45,24 @@ STOPPED = tuple(128 + int(sig) for sig in STOP_SIGNALS)
 _CHECKED: dict = {}
 # The sweep's MLflow run (the parent of its jobs' runs), and what PARENT_RUN_ENV was before it.
 _PARENT: dict = {}
+# The sweep's command line, as Hydra recorded it (``command``): set when the sweep starts, so that it
+# reaches the jobs wherever the launcher runs them.
+COMMAND_ENV = "METARL_SWEEP_COMMAND"
+
+
+def command(master) -> list[str]:
+    """The sweep's arguments to ``python -m metarl.evolve`` from Hydra's record of them: ``-m``, the
+    config directories and config name given, Hydra's overrides and the task's."""
+    runtime = master.hydra.runtime
+    dirs = [f"--config-dir={str(s.path).removeprefix('file://')}" for s in runtime.config_sources
+            if s.provider == "command-line"]
+    name = [] if master.hydra.job.config_name == "config" else [f"--config-name={master.hydra.job.config_name}"]
+    return ["-m", *dirs, *name, *_hydra_overrides(master), *master.hydra.overrides.task]
+
+
+def _hydra_overrides(master) -> list[str]:
+    """The sweep's overrides of Hydra's own settings, without the mode that ``-m`` sets."""
+    return [o for o in OmegaConf.to_container(master.hydra.overrides.hydra) if not o.startswith("hydra.mode")]
 
 
 def job_run_dir(hydra_cfg) -> Path:
@@ -68,7 +86,8 @@ def run_job(composed, hydra_cfg) -> float:
         rows = write_summary(sweep_dir)
         _end_mlflow(sweep_dir, rows, stopped=True)
         print(f"\nsweep stopped: {len(rows)} job(s); summary in {sweep_dir / SUMMARY_CSV}", flush=True)
-        again = [a for a in sys.argv[1:] if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
+        again = [a for a in shlex.split(os.environ.get(COMMAND_ENV, ""))
+                 if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
         print(f"continue with: python -m metarl.evolve {shlex.join([*again, f'run_dir={sweep_dir}'])}",
               file=sys.stderr, flush=True)
         raise SystemExit(row["exit_code"])
@@ -153,7 +172,7 @@ def start(master) -> None:
     if master.hydra.job.chdir:
         fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "
              "started in)")
-    hydra_overrides = [o for o in OmegaConf.to_container(master.hydra.overrides.hydra) if not o.startswith("hydra.mode")]
+    hydra_overrides = _hydra_overrides(master)
     sweep_dir = Path(str(master.hydra.sweep.dir))
     config_lib.check_run_dir(str(sweep_dir), "run_dir")
     if (sweep_dir / config_lib.CONFIG_FILE).exists():
@@ -198,7 +217,9 @@ def start(master) -> None:
             fail(str(config_lib.one_line(err)) + where)
     count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
     print(f"sweep: {count} in {sweep_dir}", flush=True)
-    open_mlflow_parent(cfgs, known, sweep_dir, sys.argv[1:])
+    args = command(master)
+    os.environ[COMMAND_ENV] = shlex.join(args)
+    open_mlflow_parent(cfgs, known, sweep_dir, args)
 
 
 def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]) -> None:
@@ -213,7 +234,7 @@ def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]
     shared = {k: v for k, v in flat[0].items() if all(k in f and f[k] == v for f in flat[1:])} if known else {}
     sweep_dir.mkdir(parents=True, exist_ok=True)
     parent = MlflowRun(enabled[0].logger.mlflow, enabled[0].experiment, sweep_dir, sweep_dir.name, shared,
-                       {"metarl.sweep_dir": str(sweep_dir), "metarl.command": " ".join(argv)},
+                       {"metarl.sweep_dir": str(sweep_dir), "metarl.command": shlex.join(argv)},
                        lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
     if parent.active:
         _PARENT.update(run=parent, outer=os.environ.get(PARENT_RUN_ENV))

@@ -1,5 +1,6 @@
 """MLflow tracking through the CLI, read back from MLflow's real local store (SQLite) with its client."""
 import json
+import shlex
 import signal
 import socket
 import subprocess
@@ -37,13 +38,16 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+SWEEP = ["-m", "experiment=hyperparams", *HP, "es.generations=2", "seed=0,1", "run_dir=sweep",
+         "logger.mlflow.mode=enabled", "logger.mlflow.tags={study:tiny}"]
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """A sweep of two tiny runs (seed=0,1) logged to the default store, mlruns/ in the working directory;
     shared by the tests of what a run logs and of what a sweep logs."""
     cwd = tmp_path_factory.mktemp("mlflow")
-    proc = evolve(["-m", "experiment=hyperparams", *HP, "es.generations=2", "seed=0,1", "run_dir=sweep",
-                   "logger.mlflow.mode=enabled", "logger.mlflow.tags={study:tiny}"], cwd=cwd, check=True)
+    proc = evolve(SWEEP, cwd=cwd, check=True)
     return cwd, proc, store(cwd / "mlruns")
 
 
@@ -93,6 +97,7 @@ def test_sweep_is_a_parent_run_with_a_nested_run_per_job(sweep):
     summary = json.loads((cwd / "sweep" / "summary.json").read_text())
     top = max(summary, key=lambda r: r["best"])
     assert parent.info.status == "FINISHED" and parent.info.run_name == "sweep"
+    assert parent.data.tags["metarl.command"] == shlex.join(SWEEP)  # as Hydra recorded the command line
     assert parent.data.metrics["best"] == top["best"] and parent.data.metrics["best_job"] == top["job"]
     assert parent.data.tags["best_overrides"] == top["overrides"]
     assert "seed" not in parent.data.params and parent.data.params["es.popsize"] == "4"  # what the jobs share
