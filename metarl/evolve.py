@@ -132,6 +132,8 @@ def _exit_on_error(step):
 def main(argv: Optional[list[str]] = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    _sweep_exit.clear()  # this command's alone, also when a program calls main() more than once
+    _task_started.clear()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors, so that they become one line here
     try:
         app()

@@ -1,4 +1,6 @@
 """Running the real CLI in a subprocess, at tiny sizes."""
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -51,6 +53,24 @@ def run_module(module, args, cwd, timeout=300, check=False, extra_env=None):
 
 def evolve(args, cwd, timeout=300, check=False, extra_env=None):
     return run_module("metarl.evolve", args, cwd, timeout, check, extra_env)
+
+
+def evolve_here(args, cwd):
+    """``metarl.evolve.main(args)`` in this process, from ``cwd``: ``(exit code, stdout, stderr)``. For
+    input refused before a run starts, where a new interpreter would cost seconds a test."""
+    from metarl import evolve as evolve_module
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = evolve_module.main(list(args))
+            except SystemExit as exit_:
+                code = exit_.code
+    finally:
+        os.chdir(here)
+    return code, out.getvalue(), err.getvalue()
 
 
 def children_of(pid: int) -> list[int]:

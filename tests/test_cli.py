@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import TINY, env_vars, evolve, records, snapshot
+from clihelp import TINY, env_vars, evolve, evolve_here, records, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,13 +135,21 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, field):
     if not any(a.startswith(("run_dir=", "resume=")) for a in args):
         args.append(f"run_dir={tmp_path / 'run'}")
     before = snapshot(tmp_path)
-    proc = evolve(args, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
+    code, _, stderr = evolve_here(args, cwd=tmp_path)  # the process itself: test_bad_input_in_a_new_process
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
     assert lines[0].startswith(f"error: {field}:"), lines[0]
-    assert "Traceback" not in proc.stderr and "++" not in proc.stderr
+    assert "Traceback" not in stderr and "++" not in stderr
     assert snapshot(tmp_path) == before  # nothing written, nothing changed
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_in_a_new_process_exits_2_with_one_line(tmp_path):
+    before = snapshot(tmp_path)
+    proc = evolve(["experiment=value_loss", "es.popsize=7", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: es.popsize:"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and snapshot(tmp_path) == before
 
 
 def test_help_exits_0():

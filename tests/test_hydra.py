@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from clihelp import TINY, evolve, records, snapshot
+from clihelp import TINY, evolve, evolve_here, records, snapshot
 
 SWEEP = ["-m", "experiment=value_loss", *TINY, "es.generations=2", "seed=0,1"]
 
@@ -82,11 +82,11 @@ def test_bad_sweeps_and_hydra_keys_exit_2_with_one_line_and_write_nothing(tmp_pa
     (tmp_path / "afile").write_text("not a directory\n")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     before = snapshot(tmp_path)
-    proc = evolve(args, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), proc.stderr
-    assert "Traceback" not in proc.stderr and "++" not in proc.stderr
+    code, _, stderr = evolve_here(args, cwd=tmp_path)
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), stderr
+    assert "Traceback" not in stderr and "++" not in stderr
     assert snapshot(tmp_path) == before
 
 
