@@ -1,5 +1,6 @@
 """Running the real CLI in a subprocess, at tiny sizes."""
 import contextlib
+import importlib
 import io
 import os
 import subprocess
@@ -55,17 +56,17 @@ def evolve(args, cwd, timeout=300, check=False, extra_env=None):
     return run_module("metarl.evolve", args, cwd, timeout, check, extra_env)
 
 
-def evolve_here(args, cwd):
-    """``metarl.evolve.main(args)`` in this process, from ``cwd``: ``(exit code, stdout, stderr)``. For
-    input refused before a run starts, where a new interpreter would cost seconds a test."""
-    from metarl import evolve as evolve_module
-
+def run_here(module, args, cwd="."):
+    """``python -m MODULE ARGS`` as ``MODULE.main(ARGS)`` in this process, from ``cwd``: ``(exit code,
+    stdout, stderr)``. For input refused before any work starts, where a new interpreter would cost a
+    test seconds."""
+    main = importlib.import_module(module).main
     out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                code = evolve_module.main(list(args))
+                code = main(list(args))
             except SystemExit as exit_:
                 code = exit_.code
     finally:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import TINY, env_vars, evolve, evolve_here, records, snapshot
+from clihelp import TINY, env_vars, evolve, run_here, records, snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, args, field):
     if not any(a.startswith(("run_dir=", "resume=")) for a in args):
         args.append(f"run_dir={tmp_path / 'run'}")
     before = snapshot(tmp_path)
-    code, _, stderr = evolve_here(args, cwd=tmp_path)  # the process itself: test_bad_input_in_a_new_process
+    # in this process; a new one: test_bad_input_in_a_new_process_exits_2_with_one_line
+    code, _, stderr = run_here("metarl.evolve", args, cwd=tmp_path)
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from clihelp import TINY, evolve, evolve_here, records, snapshot
+from clihelp import TINY, evolve, run_here, records, snapshot
 
 SWEEP = ["-m", "experiment=value_loss", *TINY, "es.generations=2", "seed=0,1"]
 
@@ -82,7 +82,7 @@ def test_bad_sweeps_and_hydra_keys_exit_2_with_one_line_and_write_nothing(tmp_pa
     (tmp_path / "afile").write_text("not a directory\n")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     before = snapshot(tmp_path)
-    code, _, stderr = evolve_here(args, cwd=tmp_path)
+    code, _, stderr = run_here("metarl.evolve", args, cwd=tmp_path)
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), stderr

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from clihelp import TINY, env_vars, start_evolve
+from clihelp import TINY, env_vars, run_here, start_evolve
 
 from metarl import evaluate, inspect
 
@@ -85,10 +85,9 @@ def test_inspect_on_a_copied_run(runs, tmp_path, capsys):
 @pytest.mark.parametrize("module", ["metarl.inspect", "metarl.evaluate"])
 def test_bad_run_dir_exits_2(tmp_path, module):
     for arg in (str(tmp_path / "missing"), str(tmp_path)):
-        proc = subprocess.run([sys.executable, "-m", module, arg], capture_output=True, text=True,
-                              env=env_vars(), timeout=120)
-        assert proc.returncode == 2, proc.stderr
-        lines = proc.stderr.strip().splitlines()
+        code, _, stderr = run_here(module, [arg])
+        assert code == 2, stderr
+        lines = stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and str(tmp_path) in lines[0]
 
 
@@ -178,7 +177,6 @@ def test_eval_keys_avoid_the_runs_root():
 ])
 def test_the_commands_that_read_a_run_read_values_as_evolve_does(tmp_path, module, arg, message):
     # Hydra's override grammar, checked against the argument's type, before the run directory is read.
-    proc = subprocess.run([sys.executable, "-m", module, str(tmp_path), arg], capture_output=True, text=True,
-                          env=env_vars(), timeout=120)
-    assert proc.returncode == 2 and proc.stderr.startswith(message), proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    code, _, stderr = run_here(module, [str(tmp_path), arg])
+    assert code == 2 and stderr.startswith(message), stderr
+    assert len(stderr.strip().splitlines()) == 1

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clihelp import TINY, evolve, evolve_here, final_state, records, start_and_kill_after
+from clihelp import TINY, evolve, run_here, final_state, records, start_and_kill_after
 
 from metarl import run
 from metarl.outer_loops.fitness import degenerate, make_aggregate, normalize
@@ -135,7 +135,8 @@ def test_a_task_the_trainer_cannot_act_in_is_named():
 @pytest.mark.parametrize("override", ["tasks=[]", "tasks=[CartPole-v1,NoSuchEnv-v0]",
                                       "tasks=[{env: CartPole-v1, inner: {total_timesteps: 100}}]"])
 def test_bad_task_lists_exit_2_before_anything_is_written(tmp_path, override):
-    code, _, stderr = evolve_here(["experiment=value_loss", *TINY, override, "run_dir=run"], cwd=tmp_path)
+    code, _, stderr = run_here("metarl.evolve", ["experiment=value_loss", *TINY, override, "run_dir=run"],
+                               cwd=tmp_path)
     assert code == 2, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: tasks"), stderr
