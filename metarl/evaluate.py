@@ -137,37 +137,43 @@ def _train_sides(task, meta, keys, formula=None, mesh=None, configured=None):
         trains.append([make({}) for make in formula[1].trainers])
     if configured is not None:
         trains.append(configured.baselines)
-    programs = {(spec.name, "random"): lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())
-                for spec in task.specs}
+    programs = {spec.name: {"random": lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())}
+                for spec in task.specs}  # per task, per side: key -> returns
     for side, per_task in zip(side_labels(task, formula, configured), trains):
         for spec, train in zip(task.specs, per_task):
-            programs[(spec.name, side)] = lambda k, train=train: train(k)[1]["episode_return"]
-    # Trace every program, then compile them side by side (XLA compiles outside the GIL) and run them.
+            programs[spec.name][side] = lambda k, train=train: train(k)[1]["episode_return"]
+    # Task by task: trace its programs, compile them side by side (XLA compiles outside the GIL), run
+    # them, and let them go, so that only one task's executables are held at a time.
     from metarl.progress import progress
 
-    t = time.perf_counter()
     # The agents split over the mesh by XLA's partitioner (jit with shardings): shard_map and pmap of
     # SpaceInvaders-MinAtar's training crashed XLA's compiler (a segmentation fault) with jax 0.11.2.
     split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
                                      "out_shardings": NamedSharding(mesh, P("pop"))}
-    lowered = {key: jax.jit(jax.vmap(fn), **split).lower(keys) for key, fn in programs.items()}
     options = compilation.compiler_options()
-    with progress(f"compiling {len(lowered)} programs", total=len(lowered)) as bar, \
-            ThreadPoolExecutor(min(4, len(lowered))) as pool:
-        def compile_one(low):
-            program = low.compile(options)
-            bar.update()
-            return program
-
-        compiled = dict(zip(lowered, pool.map(compile_one, lowered.values())))
-    compile_s = time.perf_counter() - t
     curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
-    with progress(f"training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
-        for (name, side), run in compiled.items():
-            t = time.perf_counter()
-            curves[name][side] = np.asarray(jax.device_get(run(keys)), dtype=float)   # (seeds, updates) or (seeds,)
-            seconds[name][side] = time.perf_counter() - t
-            bar.update()
+    compile_s = 0.0
+    for i, spec in enumerate(task.specs):
+        where = f"task {i + 1}/{len(task.specs)}: " if len(task.specs) > 1 else ""
+        t = time.perf_counter()
+        lowered = {side: jax.jit(jax.vmap(fn), **split).lower(keys) for side, fn in programs[spec.name].items()}
+        with progress(f"{where}compiling {len(lowered)} programs", total=len(lowered)) as bar, \
+                ThreadPoolExecutor(min(4, len(lowered))) as pool:
+            def compile_one(low):
+                program = low.compile(options)
+                bar.update()
+                return program
+
+            compiled = dict(zip(lowered, pool.map(compile_one, lowered.values())))
+        compile_s += time.perf_counter() - t
+        with progress(f"{where}training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
+            for side, run in compiled.items():
+                t = time.perf_counter()
+                # (seeds, updates), or (seeds,) for the random policy
+                curves[spec.name][side] = np.asarray(jax.device_get(run(keys)), dtype=float)
+                seconds[spec.name][side] = time.perf_counter() - t
+                bar.update()
+        del lowered, compiled
     return curves, seconds, compile_s
 
 
