@@ -13,6 +13,7 @@ import jax
 import jaxlib
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
+from orbax.checkpoint import multihost as ocp_multihost
 
 from metarl import checkpoints, compilation, jax_private
 
@@ -187,7 +188,7 @@ def setup(devices_cfg) -> None:
 def barrier(name: str, timeout_s: float = 3600.0) -> None:
     """Wait until every process gets here (e.g. all have compiled) before the first collective."""
     if jax.process_count() > 1:
-        jax_private.coordination_client().wait_at_barrier(f"metarl/{name}", int(timeout_s * 1000))
+        ocp_multihost.get_barrier_sync_fn()(key=f"metarl/{name}", timeout_ms=int(timeout_s * 1000))
 
 
 def agree(flag: int, name: str, timeout_s: float = 3600.0) -> int:

@@ -6,7 +6,8 @@ from jax._src import distributed
 
 
 def coordination_client():
-    """The coordination service's client of a multi-process run (its key-value store and barriers). JAX has
-    no public accessor for it (``jax.distributed`` exposes only initialize/shutdown)."""
+    """The coordination service's client of a multi-process run, for its key-value store (barriers go
+    through Orbax's public ``multihost.get_barrier_sync_fn``). Neither JAX nor Orbax exposes the store
+    (``jax.distributed`` has only initialize/shutdown)."""
     return distributed.global_state.client
 
