@@ -1,4 +1,4 @@
-"""Running the real CLI in a subprocess, at tiny sizes."""
+"""Running the real CLI at tiny sizes: in a subprocess, or (``run_here``) a command's main in this process."""
 import contextlib
 import importlib
 import io
