@@ -19,14 +19,18 @@ def enable_compilation_cache() -> None:
 # XLA's CPU backend at LLVM optimisation level 1: about half the default level's compile time, programs as
 # fast or faster (docs/experiments.md); rounding differs, so a run, its resumption and its processes all use it.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+# On a GPU, XLA times candidate kernels when it compiles and keeps the fastest, so the same program trained
+# the same agents to other returns in another process (on one H100: two of two processes differed). Without
+# autotuning, its kernels and results are the same in every process: a resumed run equals the straight one.
+GPU_COMPILER_OPTIONS = {"xla_gpu_autotune_level": 0}
 
 
 def compiler_options() -> dict:
-    """The options metarl compiles its programs with: ``CPU_COMPILER_OPTIONS`` on CPU, unless
-    ``XLA_FLAGS`` sets the optimisation level itself; none on an accelerator."""
-    if jax.default_backend() != "cpu" or "xla_backend_optimization_level" in os.environ.get("XLA_FLAGS", ""):
-        return {}
-    return dict(CPU_COMPILER_OPTIONS)
+    """The options metarl compiles its programs with: ``CPU_COMPILER_OPTIONS`` on a CPU and
+    ``GPU_COMPILER_OPTIONS`` on a GPU, each unless ``XLA_FLAGS`` sets that option itself."""
+    options = {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS}.get(jax.default_backend(), {})
+    flags = os.environ.get("XLA_FLAGS", "")
+    return {k: v for k, v in options.items() if k not in flags}
 
 
 def compile_program(jitted, *args):

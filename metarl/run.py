@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import jax
 import numpy as np
 
-from metarl import checkpoints, compilation, devices, figures, runlock
+from metarl import checkpoints, compilation, devices, runlock
 from metarl import config as config_lib
 from metarl.checkpoints import CheckpointError, atomic_write
 from metarl.cli import check_existing, fail, stop_signals_to
@@ -272,7 +272,8 @@ def validate(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: Path, s
     keys = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), _VALIDATION_STREAM),
                             cfg.fitness.validation_seeds)
     with progress(f"scoring {len(found) + 1} candidates on {len(keys)} fresh seeds", enabled=shown):
-        fitness, per_seed = jax.device_get(jax.jit(evo.rescore)(candidates, keys))
+        fitness, per_seed = jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(
+            candidates, keys))
     labels = [f"top {i + 1}" for i in found] + ["search mean"]
     search_fitness = [float(top_fitness[i]) for i in found] + [None]
     generation = [int(top_generation[i]) for i in found] + [int(state.generation)]
@@ -420,6 +421,8 @@ def run_generations(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", pre
                "best_so_far": best_so_far,
                "median_fps": float(np.median([r["fps"] for r in history[start:]])) if history[start:] else None}
     if is_main and logger.tracking:
+        from metarl import figures  # matplotlib: seconds that a run without a tracker does without
+
         try:  # the figures of `python -m metarl.inspect`; none if that fails, since the run itself has succeeded
             written = figures.write_figures(run_dir, loaded=(cfg, task))
         except Exception as err:

@@ -13,17 +13,21 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import scipy.stats
+from scipy import special
 
 
 def iqm(scores: np.ndarray) -> float:
     """Interquartile mean over all runs and tasks: the mean of the middle 50% (a 25% trimmed mean)."""
+    import scipy.stats  # a second to import, which a run (it needs only ``t_interval``) does without
+
     return float(scipy.stats.trim_mean(scores, proportiontocut=0.25, axis=None))
 
 
 def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
     """P(X > Y) per task from the Mann-Whitney U statistic (ties count half), averaged over tasks; 0.5
     on a task whose two columns are equal."""
+    import scipy.stats  # a second to import, which a run (it needs only ``t_interval``) does without
+
     per_task = [0.5 if np.array_equal(a, b) else
                 scipy.stats.mannwhitneyu(a, b, alternative="greater").statistic / (len(a) * len(b))
                 for a, b in zip(x.T, y.T)]
@@ -35,7 +39,7 @@ def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
     x = np.asarray(x, dtype=float)
     n, mean = np.sum(np.isfinite(x), axis=axis), np.nanmean(x, axis=axis)
     with np.errstate(invalid="ignore", divide="ignore"):
-        half = scipy.stats.t.ppf(0.5 + level / 2, np.maximum(n - 1, 1)) * np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n)
+        half = special.stdtrit(np.maximum(n - 1, 1), 0.5 + level / 2) * np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n)
     half = np.where(n >= 2, half, np.nan)
     return mean - half, mean + half
 

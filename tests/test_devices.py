@@ -223,6 +223,10 @@ def test_metarl_compiles_at_its_own_level_unless_xla_flags_sets_one(monkeypatch)
     np.testing.assert_allclose(compilation.compile_program(program, x)(x), program(x), rtol=1e-6)
     monkeypatch.setenv("XLA_FLAGS", without_opt_level_flag() + " --xla_backend_optimization_level=2")
     assert compilation.compiler_options() == {}
+    # The GPU's options are compile options XLA knows (a misspelt one is refused, on a CPU too).
+    np.testing.assert_allclose(program.lower(x).compile(compilation.GPU_COMPILER_OPTIONS)(x), program(x), rtol=1e-6)
+    with pytest.raises(Exception, match="No such compile option"):
+        program.lower(x).compile({"xla_gpu_autotune_levl": 0})
 
 
 LAGGING_DEVICE = '''
