@@ -3,7 +3,9 @@
 Both train CartPole-v1 with PureJaxRL's default PPO config (4 envs x 128 steps, 4 epochs x 4
 minibatches, 64x64 tanh actor and critic, Adam 2.5e-4 annealed, gamma 0.99, GAE 0.95, clip 0.2),
 ``jax.jit(jax.vmap(train))`` over N seeds. For each agent count every implementation is compiled ahead
-of time (``.lower().compile()``, timed on its own: ``compile_s``), run once untimed, then the timed runs
+of time (``.lower().compile()``, timed on its own: ``compile_s``, the median of ``--compile-repeats``
+compilations from empty caches in alternating order, so that neither pays the process's first compilation
+alone), run once untimed, then the timed runs
 alternate A B B A ... (``--repeats`` each); frames/s = agents x frames per run / seconds of one call
 (``block_until_ready``), median of the repeats.
 
@@ -123,6 +125,7 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=float, default=1e5)
     parser.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--compile", choices=("default", "metarl"), default="default")
+    parser.add_argument("--compile-repeats", type=int, default=3)
     args = parser.parse_args()
     options = None
     if args.compile == "metarl":
@@ -139,12 +142,18 @@ def main() -> None:
     loads: dict = {}
     for n in args.agents:
         load_before = os.getloadavg()
-        built = {}
+        built, compiles = {}, {impl: [] for impl in impls}
+        for c in range(args.compile_repeats):
+            for impl in (impls if c % 2 == 0 else impls[::-1]):  # A B B A ...
+                jax.clear_caches()  # trace, lower and compile from nothing each time
+                built[impl] = build(impl, total, n, options)
+                compiles[impl].append(built[impl][3])
+                log(f"[{n} agents] {impl}: trace + compile {compiles[impl][-1]:.2f}s")
         for impl in impls:
-            built[impl] = build(impl, total, n, options)
-            fn, keys, _, compile_s, flops = built[impl]
+            fn, keys, frames, _, flops = built[impl]
+            built[impl] = (fn, keys, frames, statistics.median(compiles[impl]), flops)
             jax.block_until_ready(fn(jax.block_until_ready(keys(1))))  # warm-up, untimed
-            log(f"[{n} agents] {impl}: trace + compile {compile_s:.2f}s, {flops:.4g} dot FLOP/frame")
+            log(f"[{n} agents] {impl}: {flops:.4g} dot FLOP/frame")
         runs = {impl: [] for impl in impls}
         for r in range(args.repeats):
             for impl in (impls if r % 2 == 0 else impls[::-1]):  # A B B A ...
@@ -161,6 +170,7 @@ def main() -> None:
             fps = frames * n / run_s
             results.setdefault(impl, {})[str(n)] = {
                 "compile_s": round(compile_s, 2),
+                "compiles_s": [round(t, 2) for t in compiles[impl]],
                 "run_s": round(run_s, 4),
                 "frames_per_s": round(fps),
                 "frames_per_run": frames * n,
@@ -180,6 +190,7 @@ def main() -> None:
     print(json.dumps({
         "benchmark": "ppo_cartpole_side_by_side_purejaxrl",
         **flop_rate.cartpole_run_header(total, args.repeats, args.compile, options),
+        "compile_repeats": args.compile_repeats,
         "results": results,
         "ratio_metarl_over_purejaxrl": ratios,
         "compile_ratio_metarl_over_purejaxrl": compile_ratios,
