@@ -53,7 +53,7 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     # The live control of generation 1 is the tuned PPO on that generation's seeds.
     _, evo = build_evolution(cfg, task, mesh=None, reference=reference)
     _, _, seed_keys, _ = evo.generation_keys(evo.init(jax.random.key(cfg.seed)).key)
-    control = jax.vmap(task.control_fn)(seed_keys)
+    control = jax.jit(jax.vmap(task.control_fn))(seed_keys)
     fitness, _ = make_aggregate(reference, cfg.fitness.aggregate)(jnp.mean(control, axis=0)[None])
     history = results.history(run_dir)
     assert history[0]["control"] == pytest.approx(float(fitness[0]), rel=1e-5)
