@@ -11,11 +11,12 @@ from typing import Any, Optional
 
 import jax
 import jaxlib
+import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from orbax.checkpoint import multihost as ocp_multihost
 
-from metarl import checkpoints, compilation, jax_private
+from metarl import checkpoints, compilation
 
 # JAX's own ways to set the CPU device count, which ``num_cpu_devices=auto`` leaves to the user.
 CPU_DEVICE_SETTINGS = ("JAX_NUM_CPU_DEVICES", "xla_force_host_platform_device_count")
@@ -183,8 +184,8 @@ def setup(devices_cfg) -> None:
                                initialization_timeout=int(os.environ.get("METARL_INIT_TIMEOUT", "300")))
 
 
-# Cross-process agreement goes through the coordination service (no time limit we cannot set),
-# not through gloo collectives: gloo gives up after 30 s, shorter than a compilation on a busy core.
+# Processes wait for each other at the coordination service's barrier (Orbax's public handle on it, with a
+# time limit we set), not at a collective: gloo gives up after 30 s, shorter than a compilation on a busy core.
 def barrier(name: str, timeout_s: float = 3600.0) -> None:
     """Wait until every process gets here (e.g. all have compiled) before the first collective."""
     if jax.process_count() > 1:
@@ -193,13 +194,12 @@ def barrier(name: str, timeout_s: float = 3600.0) -> None:
 
 def agree(flag: int, name: str, timeout_s: float = 3600.0) -> int:
     """The largest ``flag`` over all processes (e.g. a stop signal one of them received); ``name``
-    must be new for each call (e.g. the generation)."""
+    must be new for each call (e.g. the generation). Every process first reaches the barrier, so the
+    gather after it waits for none."""
     if jax.process_count() == 1:
         return flag
-    client = jax_private.coordination_client()
-    client.key_value_set(f"metarl/{name}/{jax.process_index()}", str(int(flag)))
-    return max(int(client.blocking_key_value_get(f"metarl/{name}/{i}", int(timeout_s * 1000)))
-               for i in range(jax.process_count()))
+    barrier(name, timeout_s)
+    return int(np.max(multihost_utils.process_allgather(np.int32(flag))))
 
 
 def assert_same_everywhere(tree: Any) -> None:
