@@ -29,20 +29,21 @@ def fail(message: str, code: int = EXIT_BAD_INPUT):
 
 
 def command_line(argv: list[str], function, usage: str) -> tuple[Path, dict]:
-    """``RUN_DIR [KEY=VALUE ...]``, the command line of ``inspect``, ``evaluate`` and ``distill``: the
-    keys are ``function``'s arguments after the run directory, each value read as ``metarl.evolve``
-    reads it (Hydra's override grammar: ``num_seeds=32``, ``tasks=[CartPole-v1,Acrobot-v1]``,
+    """``run_dir=RUN_DIR [KEY=VALUE ...]``, the command line of ``inspect``, ``evaluate`` and ``distill``:
+    the keys are ``function``'s arguments, in any order, each value read as ``metarl.evolve`` reads its
+    overrides (Hydra's override grammar: ``num_seeds=32``, ``tasks=[CartPole-v1,Acrobot-v1]``,
     ``env=null``) and checked against the argument's type; ``function`` checks the ranges. ``--help``
     (or nothing) prints ``usage``. Bad input: one line, exit code 2."""
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         raise SystemExit(0 if argv else EXIT_BAD_INPUT)
-    run_dir, given = argv[0].removeprefix("run_dir="), argv[1:]
-    keys = list(inspect.signature(function).parameters)[1:]
+    keys = list(inspect.signature(function).parameters)
     hints = typing.get_type_hints(function)
     options = {}
     try:
-        for arg in given:
+        for arg in argv:
+            if "=" not in arg:
+                raise ConfigError(f"argument {arg!r}: not KEY=VALUE; the run directory is given as run_dir={arg}")
             try:
                 override = OverridesParser.create().parse_overrides([arg])[0]
             except HydraException as err:
@@ -51,11 +52,17 @@ def command_line(argv: list[str], function, usage: str) -> tuple[Path, dict]:
             if key not in keys or override.is_sweep_override() or override.is_delete():
                 raise ConfigError(f"argument {arg!r}: not a setting of this command; allowed: "
                                   f"{', '.join(f'{k}=' for k in keys)}")
-            options[key] = config_lib.coerce(override.value(), hints[key], key)
-        check_run_to_read(run_dir)
+            value = override.value()
+            if key == "run_dir":  # a path as written (``run_dir=1e3`` names the directory 1e3, not 1000.0)
+                options[key] = value if isinstance(value, str) else arg.split("=", 1)[1]
+            else:
+                options[key] = config_lib.coerce(value, hints[key], key)
+        if "run_dir" not in options:
+            raise ConfigError("run_dir: not given; allowed: run_dir=PATH, the directory of a run")
+        check_run_to_read(options["run_dir"])
     except ConfigError as err:
         fail(str(err))
-    return Path(run_dir), options
+    return Path(options.pop("run_dir")), options
 
 
 def run_command(argv: list[str] | None, function, usage: str, show) -> int:

@@ -1,10 +1,10 @@
-"""``python -m metarl.distill RUN_DIR [generation=best] [max_size=25] [seed=0] [evaluations=200000]
+"""``python -m metarl.distill run_dir=RUN_DIR [generation=best] [max_size=25] [seed=0] [evaluations=200000]
 [samples=2000]``: closed-form formulas read off a run's learned value loss or policy objective.
 
 Records the component's inputs over one training per task, samples points where training goes, fits
 formulas to the learned function there by symbolic regression (pyoperon, seeded) and keeps the front
 of size against NMSE. Prints the front and writes RUN_DIR/distill.json (entry K is
-``python -m metarl.evaluate RUN_DIR distilled=K``) and RUN_DIR/figures/distill.png. ``generation=G``
+``python -m metarl.evaluate run_dir=RUN_DIR distilled=K``) and RUN_DIR/figures/distill.png. ``generation=G``
 distils the best found up to kept checkpoint G. Needs ``pip install metarl[distill]``; docs/distill.md.
 """
 from __future__ import annotations
@@ -422,7 +422,7 @@ def format_report(report: dict) -> str:
         lines.append(f"{e['k']:>3} {e['size']:>5} {e['nmse']:>10.3g}{mark} {e['expression']}")
     lines += ["", f"* suggested: {report['suggested_rule']} (NMSE = mean squared error / variance of the learned "
                   "function over the points)",
-              f"compare on fresh seeds: python -m metarl.evaluate {report['run_dir']} distilled={report['suggested']}",
+              f"compare on fresh seeds: python -m metarl.evaluate run_dir={report['run_dir']} distilled={report['suggested']}",
               f"in code: from {module} import {name}; {name}({args})",
               f"wrote {report['json']}", f"wrote {report['figure']}"]
     return "\n".join(lines)
@@ -432,7 +432,7 @@ def load_formula(run_dir: Path, k: int) -> dict:
     """Entry ``k`` of the run's distill.json; a bad ``k`` or a missing file: ``ConfigError``."""
     path = Path(run_dir) / DISTILL_JSON
     if not path.is_file():
-        raise ConfigError(f"distilled: {path} does not exist; allowed: after `python -m metarl.distill {run_dir}`")
+        raise ConfigError(f"distilled: {path} does not exist; allowed: after `python -m metarl.distill run_dir={run_dir}`")
     front = json.loads(path.read_text())["front"]
     if not 0 <= k < len(front):
         raise ConfigError(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {path})")

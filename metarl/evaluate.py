@@ -1,4 +1,4 @@
-"""``python -m metarl.evaluate RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_cpu_devices=auto]
+"""``python -m metarl.evaluate run_dir=RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_cpu_devices=auto]
 [distilled=K]``: the learned component against the hand-designed baseline on fresh seeds, on the tasks the
 run trained on and on its held-out ``eval_tasks`` (or on ``tasks=[...]``, or on one ``env``/``total_timesteps``).
 ``distilled=K`` adds formula K of the run's ``metarl.distill`` front (RUN_DIR/distill.json) as a third side.

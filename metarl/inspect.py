@@ -1,4 +1,4 @@
-"""``python -m metarl.inspect RUN_DIR [error_range=5]``: figures of a run, written to RUN_DIR/figures/.
+"""``python -m metarl.inspect run_dir=RUN_DIR [error_range=5]``: figures of a run, written to RUN_DIR/figures/.
 
     fitness.png             best, mean and population quantiles per generation (every experiment)
     signal.png              the members' fitness spread against seed noise, and the fraction that is signal

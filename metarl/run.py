@@ -485,7 +485,7 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
         raise ConfigError(f"component._target_: {type(task.component).__name__} has no meta-parameters (its init "
                           "returns an empty pytree), so there is nothing to evolve; allowed: a component with "
                           "meta-parameters (a fixed one, such as a distilled formula, trains through "
-                          "`python -m metarl.evaluate RUN_DIR distilled=K` or in code)")
+                          "`python -m metarl.evaluate run_dir=RUN_DIR distilled=K` or in code)")
     devices.run_mesh(cfg)
     check_memory(cfg, task, devices.memory_per_device(), devices.members_per_memory(cfg.es.popsize))
     return task

@@ -95,7 +95,7 @@ def test_a_bad_formula_names_the_field(expression, words):
 
 @pytest.mark.timeout(600)
 def test_cli_front_figure_and_evaluate_with_the_formula(run, capsys):
-    assert distill.main([str(run), *SMALL, "generation=1"]) == 0
+    assert distill.main([f"run_dir={run}", *SMALL, "generation=1"]) == 0
     out = capsys.readouterr().out
     report = json.loads((run / distill.DISTILL_JSON).read_text())
     assert report["generation"] == 1 and report["variables"] == ["error", "progress"]
@@ -111,7 +111,7 @@ def test_cli_front_figure_and_evaluate_with_the_formula(run, capsys):
     check_image(run / inspect.FIGURES / distill.FIGURE, (1100, 1200))
 
     k = report["suggested"]
-    assert evaluate.main([str(run), "num_seeds=2", f"distilled={k}"]) == 0
+    assert evaluate.main([f"run_dir={run}", "num_seeds=2", f"distilled={k}"]) == 0
     out = capsys.readouterr().out
     table = json.loads((run / f"evaluation_distilled{k}.json").read_text())
     [row] = table["tasks"]
@@ -154,16 +154,16 @@ def test_refusals_are_one_line(run, tmp_path, capsys):
     component = saved[saved.index("component:"):saved.index("inner:")]
     (hyper / "config.yaml").write_text(saved.replace(
         component, "component:\n  kind: hyperparams\n  search:\n    lr: {low: 1.0e-4, high: 1.0e-2, log: true}\n"))
-    assert "component.kind: hyperparams" in _exit_2(distill.main, [str(hyper)], capsys)
-    assert "generation: 7 has no kept checkpoint" in _exit_2(distill.main, [str(run), "generation=7"], capsys)
-    assert "max_size: 1; allowed: >= 3" in _exit_2(distill.main, [str(run), "max_size=1"], capsys)
+    assert "component.kind: hyperparams" in _exit_2(distill.main, [f"run_dir={hyper}"], capsys)
+    assert "generation: 7 has no kept checkpoint" in _exit_2(distill.main, [f"run_dir={run}", "generation=7"], capsys)
+    assert "max_size: 1; allowed: >= 3" in _exit_2(distill.main, [f"run_dir={run}", "max_size=1"], capsys)
     copy = tmp_path / "copy"
     copy.mkdir()
     for name in ("config.yaml", "best_meta_params.msgpack", "best_meta_params.json"):
         (copy / name).write_bytes((run / name).read_bytes())
-    assert "distill.json does not exist" in _exit_2(evaluate.main, [str(copy), "distilled=0"], capsys)
+    assert "distill.json does not exist" in _exit_2(evaluate.main, [f"run_dir={copy}", "distilled=0"], capsys)
     (copy / distill.DISTILL_JSON).write_text(json.dumps({"front": [{"k": 0}, {"k": 1}]}))
-    assert "distilled: 99; allowed: 0 to 1" in _exit_2(evaluate.main, [str(copy), "distilled=99"], capsys)
+    assert "distilled: 99; allowed: 0 to 1" in _exit_2(evaluate.main, [f"run_dir={copy}", "distilled=99"], capsys)
     # Called as library functions, they raise (a user's own process goes on) with the same one line.
     with pytest.raises(ConfigError, match=r"^distilled: 99; allowed: 0 to 1"):
         evaluate.evaluate(copy, distilled=99)

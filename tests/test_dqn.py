@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from clihelp import at_metarl_level
 from metarl.inner_loops.dqn import DQNConfig, epsilon_at, greedy_action, make_train
 
 TINY = dict(total_timesteps=400, log_interval=200, buffer_size=128, batch_size=8, hidden=(16,), learning_starts=50,
@@ -93,7 +94,7 @@ def test_vmap_over_seeds_and_learning_rates_compiles_once_and_meta_params():
 def test_learns_cartpole_quickly():
     # Random play scores about 22; two seeds after 15k steps are far above that.
     config = DQNConfig(total_timesteps=15_000, log_interval=5_000)
-    _, metrics = jax.jit(jax.vmap(make_train(config)))(jax.random.split(jax.random.key(0), 2))
+    _, metrics = at_metarl_level(jax.jit(jax.vmap(make_train(config))), jax.random.split(jax.random.key(0), 2))
     final = float(metrics["episode_return"][:, -1].mean())
     assert final > 60.0, f"mean return {final:.1f} after 15k steps"
 
@@ -101,7 +102,7 @@ def test_learns_cartpole_quickly():
 @pytest.mark.slow
 def test_reaches_200_on_cartpole_over_four_seeds_within_1e5_steps():
     config = DQNConfig(total_timesteps=100_000, log_interval=5_000)
-    _, metrics = jax.jit(jax.vmap(make_train(config)))(jax.random.split(jax.random.key(0), 4))
+    _, metrics = at_metarl_level(jax.jit(jax.vmap(make_train(config))), jax.random.split(jax.random.key(0), 4))
     returns = np.asarray(metrics["episode_return"])  # (4 seeds, 20 intervals)
     print("per-seed final interval returns:", returns[:, -1].round(1), "mean curve:", returns.mean(0).round(0))
     assert returns[:, -1].mean() >= 200.0

@@ -47,7 +47,7 @@ def test_the_custom_env_example_runs_as_written_from_a_fresh_directory(tmp_path)
     saved = config_lib.read_saved(run_dir)
     assert saved["env"] == {"_target_": "corridor.Corridor", "length": 6}
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3  # es.generations=3, as written
-    evaluate = run(["-m", "metarl.evaluate", *[str(run_dir) if a == "RUN_DIR" else a
+    evaluate = run(["-m", "metarl.evaluate", *[f"run_dir={run_dir}" if a == "run_dir=RUN_DIR" else a
                                               for a in example_command("metarl.evaluate")]], work)
     assert evaluate.returncode == 0, evaluate.stderr
     assert "Corridor(length=6)  trained-on" in evaluate.stdout
@@ -56,7 +56,7 @@ def test_the_custom_env_example_runs_as_written_from_a_fresh_directory(tmp_path)
                       "print(b.inner_config.env, dict(b.inner_config.env_kwargs), b.info['tasks'])"], work)
     assert best.stdout.split("\n")[0] == "corridor.Corridor {'length': 6} ['Corridor(length=6)']", best.stderr
     # Where corridor.py cannot be imported, the run's config names the field, in one line.
-    elsewhere = run(["-m", "metarl.evaluate", str(run_dir)], tmp_path)
+    elsewhere = run(["-m", "metarl.evaluate", f"run_dir={run_dir}"], tmp_path)
     assert elsewhere.returncode == 2
     assert elsewhere.stderr.strip().startswith("error: env._target_: 'corridor.Corridor' cannot be imported")
     assert len(elsewhere.stderr.strip().splitlines()) == 1

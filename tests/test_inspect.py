@@ -56,7 +56,7 @@ def check_image(path: Path, size):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", list(EXPECTED))
 def test_inspect_writes_every_figure(runs, kind, capsys):
-    assert inspect.main([str(runs[kind])]) == 0
+    assert inspect.main([f"run_dir={runs[kind]}"]) == 0
     printed = capsys.readouterr().out.split()
     expected = {runs[kind] / inspect.FIGURES / name for name in EXPECTED[kind]}
     assert {Path(p) for p in printed} == expected
@@ -72,7 +72,7 @@ def test_inspect_on_a_copied_run(runs, tmp_path, capsys):
     original = runs["hyperparams"].with_name("hyperparams-moved")
     runs["hyperparams"].rename(original)
     try:
-        assert inspect.main([str(copy)]) == 0
+        assert inspect.main([f"run_dir={copy}"]) == 0
     finally:
         original.rename(runs["hyperparams"])
     printed = [Path(p) for p in capsys.readouterr().out.split()]
@@ -85,21 +85,38 @@ def test_inspect_on_a_copied_run(runs, tmp_path, capsys):
 @pytest.mark.parametrize("module", ["metarl.inspect", "metarl.evaluate"])
 def test_bad_run_dir_exits_2(tmp_path, module):
     for arg in (str(tmp_path / "missing"), str(tmp_path)):
-        code, _, stderr = run_here(module, [arg])
+        code, _, stderr = run_here(module, [f"run_dir={arg}"])
         assert code == 2, stderr
         lines = stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and str(tmp_path) in lines[0]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("module", ["metarl.inspect", "metarl.evaluate", "metarl.distill"])
+def test_the_run_dir_is_a_key_like_every_other(tmp_path, module):
+    """One grammar with ``metarl.evolve``: ``run_dir=PATH`` among the other keys, in any order; a bare path
+    is refused with the form to use."""
+    code, _, stderr = run_here(module, [str(tmp_path)])
+    assert code == 2 and stderr.strip() == f"error: argument {str(tmp_path)!r}: not KEY=VALUE; the run " \
+                                           f"directory is given as run_dir={tmp_path}"
+    code, usage, _ = run_here(module, [])
+    assert code == 2 and usage.startswith(f"``python -m {module} run_dir=RUN_DIR")
+    setting = {"metarl.inspect": "error_range=2", "metarl.evaluate": "num_seeds=2", "metarl.distill": "seed=1"}[module]
+    code, _, stderr = run_here(module, [setting])
+    assert code == 2 and stderr.strip() == "error: run_dir: not given; allowed: run_dir=PATH, the directory of a run"
+    code, _, stderr = run_here(module, [setting, f"run_dir={tmp_path}"])
+    assert code == 2 and stderr.strip() == f"error: {tmp_path}: not a metarl run directory (no config.yaml)"
+
+
 @pytest.fixture(scope="module")
 def evaluated_64(runs, tmp_path_factory):
-    """`metarl.evaluate RUN num_seeds=4 total_timesteps=64` on the value-loss run, in this process (one CPU
+    """`metarl.evaluate run_dir=RUN num_seeds=4 total_timesteps=64` on the value-loss run, in this process (one CPU
     device), once for the tests that read it: what it printed, the report it wrote and a copy of its figure,
     both taken right after it (a later evaluation of the run writes the same files)."""
     run = runs["value_loss"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert evaluate.main([str(run), "num_seeds=4", "total_timesteps=64"]) == 0
+        assert evaluate.main([f"run_dir={run}", "num_seeds=4", "total_timesteps=64"]) == 0
     figure = tmp_path_factory.mktemp("evaluated_64") / "evaluation_64.png"
     shutil.copy(run / inspect.FIGURES / "evaluation_64.png", figure)
     return printed.getvalue(), json.loads((run / "evaluation_64.json").read_text()), figure
@@ -125,7 +142,7 @@ def test_evaluate_prints_both_sides_and_the_tests(evaluated_64):
 @pytest.mark.timeout(600)
 def test_evaluate_on_trained_and_held_out_tasks(runs, capsys):
     run = runs["policy_objective"]
-    assert evaluate.main([str(run), "num_seeds=3"]) == 0
+    assert evaluate.main([f"run_dir={run}", "num_seeds=3"]) == 0
     out = capsys.readouterr().out
     report = json.loads((run / "evaluation.json").read_text())
     rows = report["tasks"]
@@ -150,7 +167,7 @@ def test_evaluate_on_trained_and_held_out_tasks(runs, capsys):
 def test_evaluate_split_over_two_devices_gives_the_same_agents(runs, evaluated_64):
     run = runs["value_loss"]
     _, one, _ = evaluated_64  # this process has one CPU device
-    proc = subprocess.run([sys.executable, "-m", "metarl.evaluate", str(run), "num_seeds=4", "total_timesteps=64",
+    proc = subprocess.run([sys.executable, "-m", "metarl.evaluate", f"run_dir={run}", "num_seeds=4", "total_timesteps=64",
                            "num_cpu_devices=2"], env=env_vars(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = json.loads((run / "evaluation_64.json").read_text())
@@ -170,13 +187,13 @@ def test_eval_keys_avoid_the_runs_root():
 @pytest.mark.parametrize("module, arg, message", [
     ("metarl.evaluate", "num_seeds=abc", "error: num_seeds: 'abc'; allowed: an integer"),
     ("metarl.evaluate", "tasks=CartPole-v1", "error: tasks: 'CartPole-v1'; allowed: a list"),
-    ("metarl.evaluate", "typo=1", "error: argument 'typo=1': not a setting of this command; allowed: env="),
+    ("metarl.evaluate", "typo=1", "error: argument 'typo=1': not a setting of this command; allowed: run_dir=, env="),
     ("metarl.distill", "generation=[1", "error: generation: "),
     ("metarl.distill", "seed=1,2", "error: argument 'seed=1,2': not a setting of this command"),
     ("metarl.inspect", "error_range=wide", "error: error_range: 'wide'; allowed: a number"),
 ])
 def test_the_commands_that_read_a_run_read_values_as_evolve_does(tmp_path, module, arg, message):
     # Hydra's override grammar, checked against the argument's type, before the run directory is read.
-    code, _, stderr = run_here(module, [str(tmp_path), arg])
+    code, _, stderr = run_here(module, [f"run_dir={tmp_path}", arg])
     assert code == 2 and stderr.startswith(message), stderr
     assert len(stderr.strip().splitlines()) == 1

@@ -135,9 +135,9 @@ def test_a_kind_named_by_its_dotted_path_runs_through_the_command_line(tmp_path)
     cli_run = {**RUN, "component": {"kind": "test_kinds.STEP_SCALE"}, "devices": {"num_cpu_devices": 1}}
     (tmp_path / "exps" / "experiment" / "step_scale.yaml").write_text("# @package _global_\n" + yaml.safe_dump(cli_run))
     evolve(["--config-dir", "exps", "experiment=step_scale", "run_dir=run"], cwd=tmp_path, check=True)
-    run_module("metarl.inspect", ["run"], cwd=tmp_path, check=True)
+    run_module("metarl.inspect", ["run_dir=run"], cwd=tmp_path, check=True)
     assert (tmp_path / "run" / "figures" / "step_scale.png").is_file()
-    run_module("metarl.evaluate", ["run", "num_seeds=2", "num_cpu_devices=1"], cwd=tmp_path, check=True)
+    run_module("metarl.evaluate", ["run_dir=run", "num_seeds=2", "num_cpu_devices=1"], cwd=tmp_path, check=True)
     report = json.loads(next((tmp_path / "run").rglob("evaluation*.json")).read_text())
     assert report["kind"] == "test_kinds.STEP_SCALE"
     assert set(report["tasks"][0]["sides"]) == {"learned test_kinds.STEP_SCALE", "baseline: unscaled lr"}

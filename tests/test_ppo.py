@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import probe_envs  # noqa: F401  (registers the Probe-* environments)
+from clihelp import at_metarl_level
 from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
     L2_VALUE_LOSS,
@@ -502,7 +503,7 @@ def test_bad_config_raises_naming_the_field(kwargs, field):
 @pytest.mark.timeout(600)
 def test_cartpole_default_config_solves_on_four_seeds():
     cfg = PPOConfig()  # PureJaxRL's defaults: 4 envs, 128 steps, 5e5 frames
-    _, metrics = jax.jit(jax.vmap(make_train(cfg)))(jax.random.split(jax.random.key(42), 4))
+    _, metrics = at_metarl_level(jax.jit(jax.vmap(make_train(cfg))), jax.random.split(jax.random.key(42), 4))
     final = np.asarray(metrics["episode_return"][:, -10:]).mean(axis=1)
     assert final.mean() >= 450, final
 
@@ -512,7 +513,7 @@ def test_pendulum_continuous_actions_improve():
     cfg = PPOConfig(env="Pendulum-v1", num_envs=16, num_steps=64, total_timesteps=300_000,
                     update_epochs=10, num_minibatches=8, lr=3e-3, gamma=0.95, gae_lambda=0.95,
                     ent_coef=0.0, clip_eps=0.2, max_grad_norm=0.5)
-    _, metrics = jax.jit(jax.vmap(make_train(cfg)))(jax.random.split(jax.random.key(0), 2))
+    _, metrics = at_metarl_level(jax.jit(jax.vmap(make_train(cfg))), jax.random.split(jax.random.key(0), 2))
     ret = np.asarray(metrics["episode_return"])
     first, last = ret[:, 3:8].mean(), ret[:, -5:].mean()
     assert last > first + 200, (first, last)

@@ -44,7 +44,7 @@ def test_a_run_and_its_evaluation_show_their_waits_on_a_terminal(tmp_path, tiny_
                                 f"run_dir={run_dir}"], tmp_path)
     assert "compiling the generation" in shown and "generation 2/2" in shown, shown
     assert "gen    2/2 |" in out and "compiling" not in out  # the bars stay off stdout
-    out, shown = on_a_terminal(["-m", "metarl.evaluate", str(run_dir), "num_seeds=2", "total_timesteps=64"],
+    out, shown = on_a_terminal(["-m", "metarl.evaluate", f"run_dir={run_dir}", "num_seeds=2", "total_timesteps=64"],
                                tmp_path)
     assert "compiling 3 programs" in shown and "training 2 agents per task and side" in shown, shown
     assert "IQM" in out or "learned" in out

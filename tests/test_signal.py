@@ -147,7 +147,7 @@ def test_a_run_with_the_baseline_as_control(tmp_path):
         key, _, seed_keys, _ = evo.generation_keys(key)
         assert r["control"] == float(jnp.mean(baseline(seed_keys)))
 
-    assert inspect.main([str(run_dir)]) == 0
+    assert inspect.main([f"run_dir={run_dir}"]) == 0
     assert (run_dir / "figures" / "signal.png").is_file()
 
 

@@ -2,7 +2,7 @@
 
     cd examples/custom_env
     python -m metarl.evolve experiment=value_loss 'env={_target_:corridor.Corridor,length:6}' es.generations=3
-    python -m metarl.evaluate RUN_DIR num_seeds=4          # the run directory the first command prints
+    python -m metarl.evaluate run_dir=RUN_DIR num_seeds=4          # the run directory the first command prints
 
 ``python -m`` puts the current directory on the module path, so ``corridor`` imports from here (and
 in every process a run starts). The environment is a gymnax ``Environment``: ``reset_env`` and
