@@ -415,14 +415,17 @@ class _StepsOnlyAfterSeeing:
 
 
 def test_an_adaptive_schedule_sees_the_previous_update_and_at_zero_is_ppo():
-    cfg = PPOConfig(**TINY)
+    cfg = PPOConfig(**TINY, anneal_lr=False)   # every step of the same size: the last update's KL is not ~0
     key = jax.random.key(7)
     # The trainer hands an adaptive schedule what the previous update saw, nothing before the first:
     # a step only in the first update moves the policy then and never after (KL 0), and the converse.
     _, first_only = jax.jit(make_train(cfg, schedule=_StepsOnlyAfterSeeing(after=False)))(key, {"schedule": {}})
     _, later_only = jax.jit(make_train(cfg, schedule=_StepsOnlyAfterSeeing(after=True)))(key, {"schedule": {}})
-    assert float(first_only["approx_kl"][0]) > 0 and np.all(np.asarray(first_only["approx_kl"][1:]) == 0)
-    assert float(later_only["approx_kl"][0]) == 0 and np.all(np.asarray(later_only["approx_kl"][1:]) > 0)
+    # (Unmoved parameters give a KL of 0 up to rounding: the rollout and the loss compute the log-probabilities
+    # in different kernels, which at some compiler levels round differently, by about 1e-9.)
+    unmoved, moved = 1e-8, 1e-7
+    assert float(first_only["approx_kl"][0]) > moved and np.all(np.abs(np.asarray(first_only["approx_kl"][1:])) < unmoved)
+    assert abs(float(later_only["approx_kl"][0])) < unmoved and np.all(np.asarray(later_only["approx_kl"][1:]) > moved)
     assert np.all(np.asarray(first_only["clip_fraction"][1:]) == 0)
     # AdaptiveSchedules at zero is PPO (every multiplier exactly 1; the compiled programs differ, so
     # rounding may); its multipliers follow the observed KL and clip fraction.
