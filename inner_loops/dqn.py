@@ -11,8 +11,11 @@ layout set the speed on CPU): the network is ``metarl.inner_loops.flat_mlp.FlatM
 vector with a hand-written backward pass and a fused Adam (see that module); the replay buffer is
 one array, written at the start of the next step so it is read only after its last write and
 updated in place; the random numbers and every reset state of a log interval are drawn in one call
-each; and the rows that pick the next action ride along in the loss's forward pass, so each step
-runs one online forward, one target forward and one backward pass.
+each; the rows that pick the next action ride along in the loss's forward pass, so each step
+runs one online forward, one target forward and one backward pass; and before ``learning_starts``
+(and between target refreshes) a ``lax.cond`` skips the update (the target copy) rather than
+computing it and throwing it away. The step count is the same for every agent of a vmapped
+population, so the branch stays a branch under ``vmap``.
 
 Usage::
 
@@ -76,7 +79,10 @@ class DQNConfig:
     loss: str = _static("mse")
     double_dqn: bool = _static(False)
     log_interval: int = _static(5_000)  # environment steps per metrics row
-    unroll: int = _static(4)
+    # Unrolling the step loop trades compile time for fewer loop iterations. On a 2-core CPU (jax
+    # 0.9.2, CartPole, PureJaxRL's DQN config): 2 ran 1.1x faster than 1 or 4 at 1 agent, the same as
+    # 4 at 8 agents and 1.2x faster at 32, and compiled in 5-30% less time than 4.
+    unroll: int = _static(2)
     # Leaves.
     lr: float = 5e-4
     gamma: float = 0.99
@@ -230,37 +236,47 @@ def make_train(config: DQNConfig):
             last_slot = jnp.remainder(env_steps - num_envs, buffer_size).astype(jnp.int32)
             buffer = jax.lax.dynamic_update_slice_in_dim(carry.buffer, carry.pending, last_slot, axis=0)
             filled = jnp.minimum(env_steps, buffer_size)
-            # Before the buffer has data the batch is garbage; the update is discarded below.
-            idx = jnp.minimum((sample_u * filled).astype(jnp.int32), jnp.maximum(filled - 1, 0))
-            rows = buffer[idx]
-            b_obs, b_next = rows[:, :obs_dim], rows[:, obs_dim:2 * obs_dim]
-            b_action, b_reward, b_term = rows[:, col_action], rows[:, col_reward], rows[:, col_term]
-
-            q_next_target, _ = mlp.forward(carry.target, b_next)
-            # One forward pass of the online network: the batch, the rows to act on, and (Double
-            # DQN) the next observations.
-            x = jnp.concatenate([b_obs, carry.obs] + ([b_next] if config.double_dqn else []), axis=0)
-            q, inputs = mlp.forward(carry.params, x)
-            q_batch, q_act = q[:batch_size], q[batch_size:batch_size + num_envs]
-            if config.double_dqn:
-                online_next = q[batch_size + num_envs:]
-                best = online_next == jnp.max(online_next, axis=-1, keepdims=True)
-                first = best & (jnp.cumsum(best, axis=-1) == 1)  # argmax's first maximum, as a mask
-                bootstrap = jnp.sum(jnp.where(first, q_next_target, 0.0), axis=-1)
-            else:
-                bootstrap = q_next_target.max(axis=-1)
-            target = b_reward + gamma * (1.0 - b_term) * bootstrap
-            taken = b_action[:, None] == action_ids
-            error = jnp.sum(jnp.where(taken, q_batch, 0.0), axis=-1) - target
-            if config.loss == "huber":
-                loss = jnp.mean(optax.huber_loss(error))
-                d_error = jnp.clip(error, -1.0, 1.0)
-            else:
-                loss = 0.5 * jnp.mean(error**2)
-                d_error = error
-            grad = mlp.backward(carry.params, inputs, jnp.where(taken, d_error[:, None] / batch_size, 0.0))
             learn = (env_steps >= config.learning_starts) & (filled > 0)
-            params, opt_state = adam_step(carry.params, grad, carry.opt_state, lr, adam_eps, learn)
+
+            def update(_):
+                """One gradient step on a sampled batch; the online forward pass also gives the Q-values
+                of the rows to act on (and, for Double DQN, of the next observations)."""
+                idx = jnp.minimum((sample_u * filled).astype(jnp.int32), jnp.maximum(filled - 1, 0))
+                rows = buffer[idx]
+                b_obs, b_next = rows[:, :obs_dim], rows[:, obs_dim:2 * obs_dim]
+                b_action, b_reward, b_term = rows[:, col_action], rows[:, col_reward], rows[:, col_term]
+                q_next_target, _ = mlp.forward(carry.target, b_next)
+                x = jnp.concatenate([b_obs, carry.obs] + ([b_next] if config.double_dqn else []), axis=0)
+                q, inputs = mlp.forward(carry.params, x)
+                q_batch, q_act = q[:batch_size], q[batch_size:batch_size + num_envs]
+                if config.double_dqn:
+                    online_next = q[batch_size + num_envs:]
+                    best = online_next == jnp.max(online_next, axis=-1, keepdims=True)
+                    first = best & (jnp.cumsum(best, axis=-1) == 1)  # argmax's first maximum, as a mask
+                    bootstrap = jnp.sum(jnp.where(first, q_next_target, 0.0), axis=-1)
+                else:
+                    bootstrap = q_next_target.max(axis=-1)
+                target = b_reward + gamma * (1.0 - b_term) * bootstrap
+                taken = b_action[:, None] == action_ids
+                error = jnp.sum(jnp.where(taken, q_batch, 0.0), axis=-1) - target
+                if config.loss == "huber":
+                    loss = jnp.mean(optax.huber_loss(error))
+                    d_error = jnp.clip(error, -1.0, 1.0)
+                else:
+                    loss = 0.5 * jnp.mean(error**2)
+                    d_error = error
+                grad = mlp.backward(carry.params, inputs, jnp.where(taken, d_error[:, None] / batch_size, 0.0))
+                params, opt_state = adam_step(carry.params, grad, carry.opt_state, lr, adam_eps)
+                return params, opt_state, loss, q_act
+
+            def act_only(_):
+                """Before learning starts: the Q-values of the rows to act on, nothing else."""
+                q, _ = mlp.forward(carry.params, carry.obs)
+                return carry.params, carry.opt_state, jnp.float32(0.0), q
+
+            # A real branch, not a select: the step count is the same for every agent of a vmapped
+            # population, so the updates before learning_starts are not computed at all.
+            params, opt_state, loss, q_act = jax.lax.cond(learn, update, act_only, None)
 
             # Act with the parameters the batch was evaluated with (before this update).
             epsilon = epsilon_at(cfg, env_steps)
@@ -275,7 +291,7 @@ def make_train(config: DQNConfig):
 
             iteration = carry.iteration + 1
             refresh = iteration % config.target_update_period == 0
-            target = jnp.where(refresh, tau * params + (1.0 - tau) * carry.target, carry.target)
+            target = jax.lax.cond(refresh, lambda: tau * params + (1.0 - tau) * carry.target, lambda: carry.target)
 
             done = terminated | truncated
             episode_return = carry.episode_return + reward
@@ -291,7 +307,7 @@ def make_train(config: DQNConfig):
                 episode_return=jnp.where(done, 0.0, episode_return),
                 return_sum=carry.return_sum + jnp.sum(jnp.where(done, episode_return, 0.0)),
                 episodes=carry.episodes + jnp.sum(done, dtype=jnp.int32),
-                loss_sum=carry.loss_sum + jnp.where(learn, loss, 0.0),
+                loss_sum=carry.loss_sum + loss,
             )
             return carry, None
 

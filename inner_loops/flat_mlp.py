@@ -101,16 +101,13 @@ def adam_init(flat: jax.Array) -> Adam:
     return Adam(jnp.zeros((2,) + flat.shape, flat.dtype), jnp.int32(0))
 
 
-def adam_step(flat: jax.Array, grad: jax.Array, state: Adam, lr, eps, apply: jax.Array,
+def adam_step(flat: jax.Array, grad: jax.Array, state: Adam, lr, eps,
               b1: float = 0.9, b2: float = 0.999) -> tuple[jax.Array, Adam]:
-    """optax.adam's update (bias-corrected, eps outside the square root), applied only where
-    ``apply`` is true."""
+    """optax.adam's update (bias-corrected, eps outside the square root)."""
     count = state.count + 1
     # Scalars first, so each element costs one square root and one division.
     step_size = lr / (1.0 - b1 ** count.astype(jnp.float32))
     inv_c2 = 1.0 / (1.0 - b2 ** count.astype(jnp.float32))
     moments = jnp.stack([b1 * state.moments[0] + (1.0 - b1) * grad,
                          b2 * state.moments[1] + (1.0 - b2) * grad * grad])
-    moments = jnp.where(apply, moments, state.moments)
-    new = flat - step_size * moments[0] / (jnp.sqrt(moments[1] * inv_c2) + eps)
-    return jnp.where(apply, new, flat), Adam(moments, jnp.where(apply, count, state.count))
+    return flat - step_size * moments[0] / (jnp.sqrt(moments[1] * inv_c2) + eps), Adam(moments, count)
