@@ -136,7 +136,7 @@ def metarl_config(total, log_interval):
         "metrics: PureJaxRL records 4 scalars every iteration (timesteps, updates, loss, mean of each "
         "env's last returned episode return); metarl records 4 scalars every log_interval steps",
         "random streams: PureJaxRL splits threefry keys every step and draws env resets inside env.step; "
-        "metarl pre-draws a log interval's noise and resets (env keys from unsafe_rbg)",
+        "metarl pre-draws a log interval's noise, environment keys and resets",
     ]
     if total < anneal:
         differences.append(

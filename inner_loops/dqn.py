@@ -318,11 +318,10 @@ def make_train(config: DQNConfig):
                 jax.random.uniform(k_explore, (iterations, num_envs)),
                 jax.random.randint(k_action, (iterations, num_envs), 0, num_actions, jnp.int32),
                 jax.random.uniform(k_sample, (iterations, batch_size)),
-                # Environment keys use the RngBitGenerator PRNG: threefry compiles to small loops
-                # that cost more than a whole CartPole step on CPU.
-                jax.random.wrap_key_data(
-                    jax.random.bits(k_env, (iterations, num_envs, 4), jnp.uint32), impl="unsafe_rbg"
-                ),
+                # Threefry keys, as every other draw: under vmap, JAX draws an RngBitGenerator key's
+                # (unsafe_rbg's) bits for the whole batch from its first key, so an agent's
+                # environment would depend on the agents beside it.
+                jax.random.split(k_env, (iterations, num_envs)),
                 # Every reset state of the interval in one batched draw; a step selects its own
                 # where an episode ended (gymnax's auto-reset semantics, without its per-step draw).
                 v_reset_block(jax.random.split(k_reset, (iterations, num_envs)), env_params),

@@ -105,6 +105,19 @@ def test_nothing_is_learned_before_learning_starts_and_the_skip_stays_a_branch_u
     assert jaxpr.count("cond[") >= 2
 
 
+def test_an_agent_trains_the_same_beside_any_other_agent_and_alone():
+    # Asterix draws from its key in every step: an agent's environment must come from its own key alone,
+    # not from the batch it is vmapped in (JAX's RngBitGenerator keys draw a batch from its first key).
+    config = DQNConfig(env="Asterix-MinAtar", **TINY)
+    batched = jax.jit(jax.vmap(make_train(config)))
+    a, b, c = (jax.random.key(i) for i in (1, 2, 3))
+    beside_a = batched(jnp.stack([a, b]))[1]["episode_return"][1]
+    beside_c = batched(jnp.stack([c, b]))[1]["episode_return"][1]
+    alone = jax.jit(make_train(config))(b)[1]["episode_return"]
+    np.testing.assert_array_equal(beside_a, beside_c)
+    np.testing.assert_array_equal(beside_a, alone)
+
+
 def test_learns_cartpole_quickly():
     # Random play scores about 22; two seeds after 15k steps are far above that.
     config = DQNConfig(total_timesteps=15_000, log_interval=5_000)
