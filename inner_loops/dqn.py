@@ -12,10 +12,10 @@ vector with a hand-written backward pass and a fused Adam (see that module); the
 one array, written at the start of the next step so it is read only after its last write and
 updated in place; the random numbers and every reset state of a log interval are drawn in one call
 each; the rows that pick the next action ride along in the loss's forward pass, so each step
-runs one online forward, one target forward and one backward pass; and before ``learning_starts``
-(and between target refreshes) a ``lax.cond`` skips the update (the target copy) rather than
-computing it and throwing it away. The step count is the same for every agent of a vmapped
-population, so the branch stays a branch under ``vmap``.
+runs one online forward, one target forward and one backward pass; and a ``lax.cond`` skips the
+update before ``learning_starts``, and the target copy between refreshes, rather than computing them
+and throwing them away. The step count is the same for every agent of a vmapped population, so the
+branch stays a branch under ``vmap``.
 
 Usage::
 
@@ -80,8 +80,9 @@ class DQNConfig:
     double_dqn: bool = _static(False)
     log_interval: int = _static(5_000)  # environment steps per metrics row
     # Unrolling the step loop trades compile time for fewer loop iterations. On a 2-core CPU (jax
-    # 0.9.2, CartPole, PureJaxRL's DQN config): 2 ran 1.1x faster than 1 or 4 at 1 agent, the same as
-    # 4 at 8 agents and 1.2x faster at 32, and compiled in 5-30% less time than 4.
+    # 0.9.2, CartPole, PureJaxRL's DQN config): 2 ran 1.09x faster than 4 at 1 agent (1 within noise
+    # of 2), the same as 1 or 4 at 8 agents and 1.2x faster than 4 at 32, and compiled in 3-25% less
+    # time than 4.
     unroll: int = _static(2)
     # Leaves.
     lr: float = 5e-4

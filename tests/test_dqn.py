@@ -106,8 +106,8 @@ def test_nothing_is_learned_before_learning_starts_and_the_skip_stays_a_branch_u
 
 
 def test_an_agent_trains_the_same_beside_any_other_agent_and_alone():
-    # The bandit draws its reward from its key in every step: an agent's environment must come from its own key alone,
-    # not from the batch it is vmapped in (JAX's RngBitGenerator keys draw a batch from its first key).
+    # The bandit draws its reward from its key in every step: an agent's environment must come from its own
+    # key alone, not from the batch it is vmapped in (JAX's RngBitGenerator keys draw a batch from its first key).
     config = DQNConfig(env="BernoulliBandit-misc", **TINY)
     batched = jax.jit(jax.vmap(make_train(config)))
     a, b, c = (jax.random.key(i) for i in (1, 2, 3))

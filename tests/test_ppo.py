@@ -142,8 +142,9 @@ def test_probe_time_limit_bootstraps_from_final_observation():
 
 @pytest.mark.timeout(300)
 def test_vmap_over_keys_matches_separate_calls():
-    # The bandit draws its reward from its key in every step: each agent's environment comes from its own key, not from
-    # the batch it is vmapped in (as an RngBitGenerator key's would: it draws a batch from its first key).
+    # The bandit draws its reward from its key in every step: each agent's environment comes from its own
+    # key, not from the batch it is vmapped in (as an RngBitGenerator key's would: it draws a batch from
+    # its first key).
     train = jax.jit(make_train(PPOConfig(env="BernoulliBandit-misc", **TINY)))
     keys = jax.random.split(jax.random.key(3), 4)
     batched_params, batched_metrics = jax.jit(jax.vmap(train))(keys)
