@@ -6,10 +6,10 @@ primitive ``threefry2x32``. JAX lowers it on a CPU as a rolled loop of five 4-ro
 written here, with an optimization barrier on its output: without one, jaxlib 0.11.2's CPU compiler
 did not finish compiling ``jax.vmap(lambda k: jax.random.uniform(k, (3,)))(jax.random.split(key, 3))``
 (the split's and the draw's hashes fused into one kernel; 2 or 4 keys compiled in 0.3 s). Both
-rules compute the same hash, so the programs give the same bits (checked here on metarl's PPO).
+rules compute the same hash, so the programs give the same bits (checked here on metarl's trainer).
 
 For each agent count, metarl's PPO and PureJaxRL's (``ppo_side_by_side.make_one``: CartPole-v1,
-PureJaxRL's config) are compiled under each rule (the rule is registered before each lowering;
+PureJaxRL's config; ``--algo dqn``: the DQNs of ``dqn_side_by_side.py``) are compiled under each rule (the rule is registered before each lowering;
 ``--compile-repeats`` compilations from empty caches, alternating), then run alternating
 (``--repeats``). JSON to stdout: median compile seconds and frames/s per implementation and rule;
 with ``--small-programs``, also the compile time of 144 small random programs under each rule.
@@ -33,8 +33,10 @@ from jax.extend.random import threefry2x32_p
 from jax.interpreters import mlir
 
 try:  # run as a script: benchmarks/ is on sys.path
+    import dqn_side_by_side
     import ppo_side_by_side as sbs
 except ImportError:  # imported as benchmarks.threefry_lowering
+    from benchmarks import dqn_side_by_side
     from benchmarks import ppo_side_by_side as sbs
 
 try:
@@ -103,8 +105,14 @@ def main() -> None:
     parser.add_argument("--compile-repeats", type=int, default=2)
     parser.add_argument("--total-timesteps", type=float, default=1e5)
     parser.add_argument("--small-programs", action="store_true", help="also time compile_small_programs()")
+    parser.add_argument("--algo", choices=("ppo", "dqn"), default="ppo",
+                        help="dqn: the two DQNs of dqn_side_by_side.py (their config, metrics every 5,000 steps as there)")
     args = parser.parse_args()
     total = int(args.total_timesteps)
+    if args.algo == "ppo":
+        build = lambda impl, n: sbs.build(impl, total, n, None)  # noqa: E731
+    else:
+        build = lambda impl, n: dqn_side_by_side.build(impl, total, n, 5000)  # noqa: E731
     variants = [(impl, rule) for impl in sbs.IMPLS for rule in RULES]
     results: dict = {}
     for n in args.agents:
@@ -113,7 +121,7 @@ def main() -> None:
             for v in (variants if c % 2 == 0 else variants[::-1]):
                 jax.clear_caches()
                 mlir.register_lowering(threefry2x32_p, RULES[v[1]], platform="cpu")
-                built[v] = sbs.build(v[0], total, n, None)
+                built[v] = build(v[0], n)
                 compiles[v].append(built[v][3])
                 sbs.log(f"[{n} agents] {v[0]} {v[1]}: trace + compile {compiles[v][-1]:.2f}s")
         outputs = {v: jax.tree.leaves(jax.device_get(built[v][0](built[v][1](1)))) for v in variants}  # warm-up
@@ -138,7 +146,7 @@ def main() -> None:
     if args.small_programs:
         results["small_programs"] = compile_small_programs()
     print(json.dumps({"benchmark": "threefry_cpu_lowering", "jax": jax.__version__, "python": sys.version.split()[0],
-                      "total_timesteps": total, "repeats": args.repeats, "compile_repeats": args.compile_repeats,
+                      "algo": args.algo, "total_timesteps": total, "repeats": args.repeats, "compile_repeats": args.compile_repeats,
                       "cpu_count": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "results": results}, indent=1))
 
 
