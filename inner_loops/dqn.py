@@ -242,7 +242,7 @@ def make_train(config: DQNConfig):
             def update(_):
                 """One gradient step on a sampled batch; the online forward pass also gives the Q-values
                 of the rows to act on (and, for Double DQN, of the next observations)."""
-                idx = jnp.minimum((sample_u * filled).astype(jnp.int32), jnp.maximum(filled - 1, 0))
+                idx = jnp.minimum((sample_u * filled).astype(jnp.int32), filled - 1)  # filled >= 1 here
                 rows = buffer[idx]
                 b_obs, b_next = rows[:, :obs_dim], rows[:, obs_dim:2 * obs_dim]
                 b_action, b_reward, b_term = rows[:, col_action], rows[:, col_reward], rows[:, col_term]
