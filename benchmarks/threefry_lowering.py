@@ -1,19 +1,21 @@
 """PPO's compile time and speed with JAX's threefry hash lowered two ways on a CPU, in ONE process.
 
-Every ``jax.random`` draw from JAX's default keys is the Threefry-2x32 hash (20 rounds), the
-primitive ``threefry2x32``. JAX lowers it on a CPU as a rolled loop of five 4-round blocks
-(``rolled``, JAX's own rule) and elsewhere as 20 straight rounds. ``straight`` is the straight form,
-written here, with an optimization barrier on its output: without one, jaxlib 0.11.2's CPU compiler
-did not finish compiling ``jax.vmap(lambda k: jax.random.uniform(k, (3,)))(jax.random.split(key, 3))``
-(the split's and the draw's hashes fused into one kernel; 2 or 4 keys compiled in 0.3 s). Both
-rules compute the same hash, so the programs give the same bits (checked here on metarl's trainer).
+Every ``jax.random`` draw from JAX's default keys is the Threefry-2x32 hash (20 rounds), the primitive
+``threefry2x32``. JAX lowers it on a CPU as a rolled loop of five 4-round blocks (``rolled``, JAX's
+own rule) and elsewhere as 20 straight rounds. ``straight`` is JAX's straight form (its
+``use_rolled_loops=False``) with an optimization barrier on its output: without one, jaxlib 0.11.2's
+CPU compiler did not finish compiling ``jax.vmap(lambda k: jax.random.uniform(k,
+(3,)))(jax.random.split(key, 3))`` (the split's and the draw's hashes fused into one kernel; 2 or 4
+keys compiled in 0.3 s). Both rules compute the same hash, so the programs give the same bits (checked
+here on metarl's trainer).
 
 For each agent count, metarl's PPO and PureJaxRL's (``ppo_side_by_side.make_one``: CartPole-v1,
-PureJaxRL's config; ``--algo dqn``: the DQNs of ``dqn_side_by_side.py``) are compiled under each rule (the rule is registered before each lowering;
-``--compile-repeats`` compilations from empty caches, alternating), then run alternating
-(``--repeats``). JSON to stdout: median compile seconds and frames/s per implementation and rule;
-with ``--small-programs``, also the compile time of 144 small random programs under each rule.
-The rolled rule is read from JAX's internals, so this script names the modules of jax 0.9 and 0.11.
+PureJaxRL's config; ``--algo dqn``: the DQNs of ``dqn_side_by_side.py``) are compiled under each rule
+(the rule is registered before each lowering; ``--compile-repeats`` compilations from empty caches,
+alternating), then run alternating (``--repeats``). JSON to stdout: median compile seconds and
+frames/s per implementation and rule; with ``--small-programs``, also the compile time of 144 small
+random programs under each rule. Both rules are read from JAX's internals, so this script names
+the modules of jax 0.9 and 0.11.
 
     timeout 1800 python benchmarks/threefry_lowering.py --agents 1 8 32 --repeats 5 --compile-repeats 2
 """
@@ -39,29 +41,15 @@ except ImportError:  # imported as benchmarks.threefry_lowering
     from benchmarks import dqn_side_by_side
     from benchmarks import ppo_side_by_side as sbs
 
-try:
+try:  # JAX's CPU rule, and the hash it lowers with use_rolled_loops=False elsewhere
     from jax._src.random.threefry2x32 import _threefry2x32_cpu_lowering_rule as ROLLED  # jax 0.11
+    from jax._src.random.threefry2x32 import _threefry2x32_lowering as jax_threefry2x32
 except ImportError:
     from jax._src.prng import _threefry2x32_cpu_lowering_rule as ROLLED  # jax 0.9
-
-ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))  # of the even and the odd 4-round blocks
-
-
-def threefry2x32(key1, key2, x1, x2):
-    """Threefry-2x32-20: five blocks of four rounds, the key injected after each."""
-    keys = (key1, key2, key1 ^ key2 ^ np.uint32(0x1BD11BDA))
-    x1, x2 = x1 + keys[0], x2 + keys[1]
-    for block in range(5):
-        for r in ROTATIONS[block % 2]:
-            x1 = x1 + x2
-            x2 = ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r))) ^ x1
-        x1 = x1 + keys[(block + 1) % 3]
-        x2 = x2 + keys[(block + 2) % 3] + np.uint32(block + 1)
-    return x1, x2
-
+    from jax._src.prng import _threefry2x32_lowering as jax_threefry2x32
 
 def _straight(*words):
-    return list(jax.lax.optimization_barrier(threefry2x32(*(jnp.asarray(w, jnp.uint32) for w in words))))
+    return list(jax.lax.optimization_barrier(tuple(jax_threefry2x32(*words, use_rolled_loops=False))))
 
 
 RULES = {"rolled": ROLLED, "straight": mlir.lower_fun(_straight, multiple_results=True)}
