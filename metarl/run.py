@@ -209,7 +209,7 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     if tuned["trainings"] < trainings(cfg):
         raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
                           f"search's {trainings(cfg):,}; allowed: a tuning at least as large as the search")
-    return {**tuned, "from": str(where.resolve())}
+    return {**tuned, "search_trainings": trainings(cfg), "from": str(where.resolve())}
 
 
 def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict]:

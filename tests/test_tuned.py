@@ -143,9 +143,11 @@ def test_a_run_can_use_another_runs_tuned_baseline(tuned_run, tmp_path):
     assert refused.stderr.strip().splitlines()[-1].startswith(
         f"error: baseline.tuned_from: {source} was tuned over another space, on other tasks or with other inner")
     run_dir = tmp_path / "run"
-    result = evolve([*args, f"run_dir={run_dir}"], cwd=tmp_path, timeout=800)
+    result = evolve([*args, "fitness.num_seeds=1", f"run_dir={run_dir}"], cwd=tmp_path, timeout=800)
     assert result.returncode == 0, result.stderr[-3000:]
     assert not (run_dir / "tune").exists()   # no tuning of its own
     mine, theirs = (json.loads((d / "tuned.json").read_text()) for d in (run_dir, source))
     assert mine["from"] == str(source.resolve()) and mine["hyperparameters"] == theirs["hyperparameters"]
+    # The budget compared with the tuning's is this run's search, not the search the tuning was made for.
+    assert mine["trainings"] == theirs["trainings"] and mine["search_trainings"] == 5 < theirs["search_trainings"]
     assert json.loads((run_dir / "reference.json").read_text())["tuned"] == theirs["hyperparameters"]
