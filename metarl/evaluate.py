@@ -324,7 +324,9 @@ def format_report(report: dict) -> str:
         t = report["tuned"]
         lines.insert(2, "tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
                                                        for k, v in t["hyperparameters"].items())
-                     + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})")
+                     + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
+                     + (f"; its fitness on fresh seeds {t['fitness']:.3f} [{t['fitness_ci95'][0]:.3f}, "
+                        f"{t['fitness_ci95'][1]:.3f}]" if t.get("fitness_ci95") else ""))
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
     # The normalised score of each challenger and Welch's p against each baseline.
     tests = [(learned, "test", "p vs tuned" if configured else "p (Welch)")]

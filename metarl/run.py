@@ -245,6 +245,7 @@ def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict
              "configured": {name: float(getattr(task.inner_config, name)) for name in task.component.names},
              "search_space": dict(cfg.baseline.tune), "tasks": task.names, "picked": info.get("picked", "best member"),
              "fitness": info.get("validation_fitness", info.get("fitness")),
+             "fitness_ci95": info.get("validation_ci95"),   # the pick's on fresh seeds (None without one)
              "trainings": trainings(tcfg) + summary.get("validation_trainings", 0),
              # this session's wall time, plus the generations an earlier session ran before a kill
              "search_trainings": trainings(cfg), "seed": tcfg.seed,

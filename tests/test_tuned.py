@@ -42,6 +42,8 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     assert set(values) == {"lr", "ent_coef"} and 1e-4 <= values["lr"] <= 1e-2 and 1e-3 <= values["ent_coef"] <= 0.1
     assert configured == {"lr": 2.5e-4, "ent_coef": 0.01} and values != configured
     assert tuned["trainings"] >= tuned["search_trainings"] > 0   # a budget at least the search's
+    low, high = tuned["fitness_ci95"]                             # the pick's interval on fresh seeds
+    assert low <= tuned["fitness"] <= high
     assert "tuned baseline: lr" in output
     # The learned part starts from the tuned values; the normalised fitness scores against the tuned PPO.
     cfg, task = results.load_run(run_dir)
@@ -70,6 +72,7 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     assert set(report["aggregate"]["held-out"]["vs_configured"]) >= {"iqm_baseline", "probability_of_improvement"}
     text = evaluate.format_report(report)
     assert "p vs tuned" in text and "p vs config" in text and "P(learned > baseline as configured)" in text
+    assert f"its fitness on fresh seeds {tuned['fitness']:.3f} [" in text
 
 
 def test_the_final_pick_is_exported_with_what_it_was_picked_from(tuned_run):
