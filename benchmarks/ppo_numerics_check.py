@@ -30,9 +30,10 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from scipy import stats
 
+from metarl.evaluate import compare
 from metarl.inner_loops import ppo as ppo_now
+from metarl.stats import t_interval
 
 
 def module_at(rev: str):
@@ -61,11 +62,6 @@ def largest_gap(a: np.ndarray, b: np.ndarray) -> float:
     return float((np.abs(a.mean(axis=0) - b.mean(axis=0)) / np.where(se > 0, se, np.inf)).max())
 
 
-def interval(x: np.ndarray) -> list[float]:
-    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x))
-    return [float(x.mean() - half), float(x.mean() + half)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", required=True, help="the git revision to compare with")
@@ -88,10 +84,10 @@ def main() -> None:
         null = [largest_gap(*np.split(pooled[rng.permutation(len(pooled))], 2)) for _ in range(1000)]
         gap = largest_gap(a, b)
         report["envs"][env] = {
-            **{name: {"final_mean": float(final[name].mean()), "final_ci95": interval(final[name]),
-                      "area_mean": float(area[name].mean()), "area_ci95": interval(area[name])} for name in c},
-            "final_welch_p": float(stats.ttest_ind(*final.values(), equal_var=False).pvalue),
-            "area_welch_p": float(stats.ttest_ind(*area.values(), equal_var=False).pvalue),
+            **{name: {"final_mean": float(final[name].mean()), "final_ci95": [float(b) for b in t_interval(final[name])],
+                      "area_mean": float(area[name].mean()), "area_ci95": [float(b) for b in t_interval(area[name])]} for name in c},
+            "final_welch_p": compare(*final.values())["welch_p"],
+            "area_welch_p": compare(*area.values())["welch_p"],
             "largest_curve_gap_in_se": gap, "largest_curve_gap_permutation_p": float(np.mean(np.array(null) >= gap)),
             "bit_identical": bool(np.array_equal(a, b)),
             "updates": int(a.shape[1]), "seconds": round(time.perf_counter() - t, 1)}
