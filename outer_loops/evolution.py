@@ -94,7 +94,11 @@ def signal_stats(seed_fitness):
     the strategy ranks but per seed. Members with a non-finite F on any seed are left out. Returns
 
     - ``signal_between`` V_b = var_m(mean_s F[m, s]) (ddof=1): the spread of the members' mean fitness;
-    - ``signal_within`` V_w = mean_m(var_s F[m, s]) (ddof=1): the seed noise of one inner run;
+    - ``signal_within`` V_w = sum_{m,s} (F[m, s] - F[m, .] - F[., s] + F[., .])^2 / ((M - 1)(S - 1)),
+      the member-by-seed interaction of a two-way analysis of variance: the seed noise of one inner
+      run that can reorder the members. What a seed does to every member alike (a lucky seed, or the
+      control's C[s] that ``paired`` subtracts) moves every member's mean together, cannot reorder
+      them, and is not counted;
     - ``seed_noise`` V_w / num_seeds: the seed noise in a member's mean fitness, the part of V_b
       that is expected even if every member were equally good;
     - ``signal`` max(0, V_b - V_w / num_seeds) / V_b: the fraction of V_b that is not seed noise
@@ -113,8 +117,9 @@ def signal_stats(seed_fitness):
     if seeds < 2:
         nan = jnp.float32(jnp.nan)
         return {"signal_between": between, "signal_within": nan, "seed_noise": nan, "signal": nan}
-    within_member = jnp.sum((f - member_mean[:, None]) ** 2, axis=1) / (seeds - 1)
-    within = jnp.sum(jnp.where(finite, within_member, 0.0)) / n
+    seed_mean = jnp.sum(f, axis=0) / n  # over the finite members (the others are 0 in f)
+    residual = f - member_mean[:, None] - seed_mean[None, :] + grand
+    within = jnp.sum(jnp.where(finite[:, None], residual ** 2, 0.0)) / ((n - 1) * (seeds - 1))
     noise = within / seeds
     signal = jnp.where(between > 0, jnp.maximum(0.0, between - noise) / between, jnp.nan)
     return {"signal_between": between, "signal_within": within, "seed_noise": noise, "signal": signal}

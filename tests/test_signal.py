@@ -17,15 +17,23 @@ from metarl.outer_loops.evolution import NOISE_THRESHOLD, noise_warning
 
 
 def test_signal_statistics_of_a_population_with_known_variances():
-    # Member means 0, 1, 2, 3 (V_b = var([0, 1, 2, 3], ddof=1) = 5/3); each member's two seeds are
-    # its mean -+ 0.5 (var over seeds, ddof=1: 0.5), so V_w = 0.5 and the noise of a mean 0.25.
+    # F[m, s] = a_m + b_s + e[m, s]: member means a = 0, 1, 2, 3 (V_b = var(a, ddof=1) = 5/3), a seed
+    # effect b that every member shares, and an interaction e = -+0.5, its sign alternating by member,
+    # so the seed means hold b alone and V_w = 8 * 0.25 / ((4 - 1)(2 - 1)) = 2/3.
     means = jnp.array([0.0, 1.0, 2.0, 3.0])
-    f = jnp.stack([means - 0.5, means + 0.5], axis=1)
+    e = 0.5 * jnp.array([1.0, -1.0, 1.0, -1.0])[:, None] * jnp.array([1.0, -1.0])
+    f = means[:, None] + e
     stats = {k: float(v) for k, v in signal_stats(f).items()}
     assert stats["signal_between"] == pytest.approx(5 / 3)
-    assert stats["signal_within"] == pytest.approx(0.5)
-    assert stats["seed_noise"] == pytest.approx(0.25)
-    assert stats["signal"] == pytest.approx((5 / 3 - 0.25) / (5 / 3))
+    assert stats["signal_within"] == pytest.approx(2 / 3)
+    assert stats["seed_noise"] == pytest.approx(1 / 3)
+    assert stats["signal"] == pytest.approx((5 / 3 - 1 / 3) / (5 / 3))
+    # What a seed does to every member alike cannot reorder them and is no noise: a lucky seed, or
+    # the control's C[s] that fitness.control=paired subtracts.
+    for seed_effect in (jnp.array([-0.5, 0.5]), jnp.array([-50.0, 80.0])):
+        shifted = {k: float(v) for k, v in signal_stats(f + seed_effect).items()}
+        assert shifted == pytest.approx(stats, rel=1e-5)
+    assert float(signal_stats(means[:, None] + jnp.array([-3.0, 3.0]))["signal"]) == pytest.approx(1.0)
     # All spread is noise: signal 0 (clipped), never negative.
     noisy = jnp.array([[0.0, 10.0], [10.0, 1.0], [5.0, 5.0]])  # means 5, 5.5, 5
     assert float(signal_stats(noisy)["signal"]) == 0.0
@@ -56,16 +64,25 @@ def _member_plus_seed(params, key):
     return jnp.sum(params["x"]) + 3.0 * jax.random.normal(key)
 
 
+def _member_and_seed_noise(params, key):
+    # As above, plus noise of the member's own on each seed (a stream keyed by the member's parameters).
+    own = jax.random.fold_in(key, jax.lax.bitcast_convert_type(jnp.sum(params["x"]), jnp.uint32))
+    return _member_plus_seed(params, key) + jax.random.normal(own)
+
+
 def test_the_generation_measures_its_signal():
     evo = Evolution(ESConfig(popsize=8, std_init=0.5), {"x": jnp.zeros(3)}, _member_plus_seed, num_seeds=3)
     state = evo.init(jax.random.key(0))
-    seed_keys = evo.generation_keys(state.key)[2]
     _, stats = evo.step(state)
     assert set(SIGNAL_FIELDS) <= set(stats) and not set(CONTROL_FIELDS) & set(stats)
-    noise = np.asarray(jax.vmap(lambda k: 3.0 * jax.random.normal(k))(seed_keys))
     np.testing.assert_allclose(float(stats["signal_between"]), np.var(stats["fitness"], ddof=1), rtol=1e-4)
-    np.testing.assert_allclose(float(stats["signal_within"]), np.var(noise, ddof=1), rtol=1e-4)
-    np.testing.assert_allclose(float(stats["seed_noise"]), np.var(noise, ddof=1) / 3, rtol=1e-4)
+    # The seed noise (variance 9) is the same for every member on a seed: it cannot reorder them.
+    assert float(stats["signal_within"]) < 1e-5 and float(stats["signal"]) == pytest.approx(1.0)
+    # Noise of each member's own (variance 1) is what the members' ranking suffers from.
+    evo = Evolution(ESConfig(popsize=8, std_init=0.5), {"x": jnp.zeros(3)}, _member_and_seed_noise, num_seeds=3)
+    _, stats = evo.step(state)
+    assert 0.3 < float(stats["signal_within"]) < 3.0
+    assert float(stats["seed_noise"]) == pytest.approx(float(stats["signal_within"]) / 3)
 
 
 def test_paired_fitness_is_member_minus_control_on_the_same_seeds():
@@ -86,8 +103,19 @@ def test_paired_fitness_is_member_minus_control_on_the_same_seeds():
     assert float(b["best"]) == float(b["best_vs_control"])
     assert float(a["best_vs_control"]) == pytest.approx(float(a["best"] - a["control"]))
     assert float(a["mean_vs_control"]) == pytest.approx(float(a["mean"] - a["control"]))
-    # The seed noise that members share with the control cancels in the paired fitness.
-    assert float(b["signal_within"]) < 1e-3 < float(a["signal_within"])
+    # The control is the same number for every member on a seed: the seed noise is the same with it
+    # subtracted, here where each member has noise of its own and the control noise independent of theirs.
+    def noisy_control(key):
+        return 2.0 + 3.0 * jax.random.normal(key) + jax.random.normal(jax.random.fold_in(key, 7))
+
+    kwargs = dict(num_seeds=4, control_fn=noisy_control)
+    plain = Evolution(config, template, _member_and_seed_noise, **kwargs)
+    paired = Evolution(config, template, _member_and_seed_noise, paired=True, **kwargs)
+    _, a = plain.step(state)
+    _, b = paired.step(state)
+    assert 0.2 < float(a["signal_within"]) < 4.0
+    for field in ("signal_between", "signal_within", "signal"):
+        assert float(b[field]) == pytest.approx(float(a[field]), rel=1e-4)
     with pytest.raises(ValueError, match="^fitness.control: paired"):
         Evolution(config, template, _member_plus_seed, num_seeds=2, paired=True)
 
