@@ -200,20 +200,76 @@ def random_permutations(key: jax.Array, num: int, size: int) -> jax.Array:
     training runs 1.18x faster with this). Equal random bits keep the
     current order, so rounds are repeated with fresh bits until the random bits of all rounds
     together number at least three times the position bits, ``jax.random.permutation``'s rule
-    (two rounds for 512). Above 2**20 elements it is ``jax.random.permutation`` per row.
+    (two rounds for 512; ``shuffle_rounds``). Above 2**20 elements it is ``jax.random.permutation`` per row.
     """
+    rounds = shuffle_rounds(size)
+    if rounds is None:  # over 2**20 elements: too few random bits left; sort key-value pairs
+        return jax.vmap(lambda k: jax.random.permutation(k, size))(jax.random.split(key, num))
+    return permutations_from_bits(jax.random.bits(key, (rounds, num, size), jnp.uint32))
+
+
+def shuffle_rounds(size: int) -> int | None:
+    """The rounds of random bits ``random_permutations`` sorts by for ``size`` elements (None above 2**20)."""
     index_bits = int(size - 1).bit_length()
     random_bits = 32 - index_bits
-    if random_bits < 12:  # over 2**20 elements: too few random bits left; sort key-value pairs
-        return jax.vmap(lambda k: jax.random.permutation(k, size))(jax.random.split(key, num))
-    low = jnp.uint32((1 << index_bits) - 1)
+    return None if random_bits < 12 else max(1, -(-3 * index_bits // random_bits))
+
+
+def permutations_from_bits(bits: jax.Array) -> jax.Array:
+    """``random_permutations``' permutations from its rounds of random bits, uint32 (rounds, num, size)."""
+    size = bits.shape[-1]
+    low = jnp.uint32((1 << int(size - 1).bit_length()) - 1)
     position = jnp.arange(size, dtype=jnp.uint32)
     perm = None
-    for round_key in jax.random.split(key, max(1, -(-3 * index_bits // random_bits))):
-        bits = jax.random.bits(round_key, (num, size), jnp.uint32)
-        order = (jax.lax.sort((bits & ~low) | position, dimension=1) & low).astype(jnp.int32)
+    for round_bits in bits:
+        order = (jax.lax.sort((round_bits & ~low) | position, dimension=1) & low).astype(jnp.int32)
         perm = order if perm is None else jnp.take_along_axis(perm, order, axis=1)
     return perm
+
+
+def _unit_floats(bits: jax.Array, low: float) -> jax.Array:
+    """Floats in [low, 1) from uint32 bits, made as ``jax.random.uniform(key, shape, minval=low)`` makes them."""
+    floats = jax.lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
+    return jnp.maximum(low, floats * (1.0 - low) + low)
+
+
+def gumbel_from_bits(bits: jax.Array) -> jax.Array:
+    """Standard Gumbel noise from uint32 bits: -log(-log(u)), as ``jax.random.gumbel`` makes it."""
+    return -jnp.log(-jnp.log(_unit_floats(bits, float(np.finfo(np.float32).tiny))))
+
+
+def normal_from_bits(bits: jax.Array) -> jax.Array:
+    """Standard normal noise from uint32 bits: sqrt(2) erfinv(u), as ``jax.random.normal`` makes it."""
+    low = float(np.nextafter(np.float32(-1.0), np.float32(0.0)))
+    return np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(_unit_floats(bits, low))
+
+
+def update_draws(key: jax.Array, n_steps: int, n_envs: int, action_dim: int, continuous: bool,
+                 n_epochs: int, batch_size: int):
+    """Every random number of one PPO update from one draw of bits: ``(noise, step_keys, reset_keys,
+    perms)``, the action noise (n_steps, n_envs, action_dim) (standard normal if ``continuous``, else
+    standard Gumbel), each step's and each reset's key (n_steps, n_envs), and the shuffles of the
+    ``n_epochs`` epochs (``random_permutations``).
+
+    One draw, not one per kind: on a CPU, JAX compiles each random-number call site as a loop of its
+    own, and these were seven sites (a split, the noise, two key splits, the shuffle's split and its
+    rounds); as one, PPO compiles 10-20% faster (docs/performance.md). The keys are bits, as
+    ``jax.random.split`` makes keys: both are the key's hash of a counter."""
+    words = jax.random.key_data(key).shape[-1]
+    per_step = action_dim + 2 * words
+    rounds = shuffle_rounds(batch_size)
+    n_rollout, n_shuffle = n_steps * n_envs * per_step, (rounds or 0) * n_epochs * batch_size
+    bits = jax.random.bits(key, (n_rollout + n_shuffle,), jnp.uint32)
+    rollout = bits[:n_rollout].reshape(n_steps, n_envs, per_step)
+    noise = (normal_from_bits if continuous else gumbel_from_bits)(rollout[..., :action_dim])
+    impl = jax.random.key_impl(key)
+    step_keys = jax.random.wrap_key_data(rollout[..., action_dim:action_dim + words], impl=impl)
+    reset_keys = jax.random.wrap_key_data(rollout[..., action_dim + words:], impl=impl)
+    if rounds is None:
+        perms = random_permutations(jax.random.fold_in(key, 1), n_epochs, batch_size)
+    else:
+        perms = permutations_from_bits(bits[n_rollout:].reshape(rounds, n_epochs, batch_size))
+    return noise, step_keys, reset_keys, perms
 
 
 def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,
@@ -331,17 +387,13 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             scales = schedule.apply(_meta(meta_params, "schedule"), progress, **seen)
             step_scale = scales.get("lr")
             update_config = config.replace(**{k: getattr(config, k) * m for k, m in scales.items() if k != "lr"})
-            k_act, k_env, k_perm, k_reset = jax.random.split(key, 4)
-            # Every random number of the rollout in two draws, not two per step.
+            # Every random number of the update in one draw (update_draws).
             # (The named scopes only label the program's parts for profiles: benchmarks/ppo_profile.py.)
             with jax.named_scope("sampling"):
-                if continuous:
-                    noise = jax.random.normal(k_act, (n_steps, n_envs, action_dim))
-                else:
-                    noise = jax.random.gumbel(k_act, (n_steps, n_envs, action_dim))
+                noise, env_keys, reset_keys, perms = update_draws(key, n_steps, n_envs, action_dim, continuous,
+                                                                  n_epochs, batch_size)
             with jax.named_scope("env_step"):
-                env_keys = jax.random.split(k_env, (n_steps, n_envs))
-                resets = v_reset_block(jax.random.split(k_reset, (n_steps, n_envs)), env_params)
+                resets = v_reset_block(reset_keys, env_params)
 
             def env_step(c, xs):
                 env_state, obs, ep_return = c
@@ -398,7 +450,6 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
             # One draw and one gather per field for every epoch's shuffle, and one loop over all
             # epochs' minibatches: nested per-epoch loops with a gather each were slower on CPU.
             with jax.named_scope("sampling"):
-                perms = random_permutations(k_perm, n_epochs, batch_size)
                 minibatches = jax.tree.map(
                     lambda x: x[perms].reshape((n_epochs * n_mb, mb_size) + x.shape[1:]), data)
 

@@ -24,8 +24,11 @@ from metarl.inner_loops.ppo import (
     compute_gae,
     make_agent,
     make_train,
+    gumbel_from_bits,
+    normal_from_bits,
     ppo_loss,
     random_permutations,
+    update_draws,
 )
 
 TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=2, num_minibatches=2)
@@ -72,6 +75,23 @@ def test_random_permutations_are_permutations_drawn_uniformly():
     np.testing.assert_array_equal(random_permutations(jax.random.key(2), 3, 1), np.zeros((3, 1)))
     huge = np.asarray(random_permutations(jax.random.key(3), 1, (1 << 20) + 1))  # the fallback
     np.testing.assert_array_equal(np.sort(huge[0]), np.arange((1 << 20) + 1))
+
+
+def test_an_update_draws_its_noise_keys_and_shuffles_at_once():
+    key = jax.random.key(0)
+    # The noise is JAX's own, made from the same bits as jax.random.gumbel and jax.random.normal make it.
+    bits = jax.random.bits(key, (4096,), jnp.uint32)
+    np.testing.assert_allclose(gumbel_from_bits(bits), jax.random.gumbel(key, (4096,)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(normal_from_bits(bits), jax.random.normal(key, (4096,)), rtol=1e-6, atol=1e-6)
+    for continuous, mean, var in ((False, np.euler_gamma, np.pi ** 2 / 6), (True, 0.0, 1.0)):
+        noise, steps, resets, perms = update_draws(key, 128, 8, 3, continuous, 4, 1024)
+        assert noise.shape == (128, 8, 3) and steps.shape == resets.shape == (128, 8) and perms.shape == (4, 1024)
+        assert abs(float(noise.mean()) - mean) < 0.05 and abs(float(noise.var()) - var) < 0.1 * var
+        np.testing.assert_array_equal(np.sort(perms, axis=1), np.broadcast_to(np.arange(1024), perms.shape))
+        data = np.concatenate([np.asarray(jax.random.key_data(k)).reshape(-1, 2) for k in (steps, resets)])
+        assert len({tuple(row) for row in data}) == 2 * 128 * 8  # every step and reset has a key of its own
+    _, _, _, perms = update_draws(key, 1, 1, 2, False, 1, (1 << 20) + 1)  # the shuffle's fallback
+    np.testing.assert_array_equal(np.sort(perms[0]), np.arange((1 << 20) + 1))
 
 
 # --- GAE ------------------------------------------------------------------------------------------
