@@ -40,7 +40,7 @@ import optax
 from flax import linen as nn
 from flax import struct
 
-from metarl.inner_loops import envs, trainer
+from metarl.inner_loops import draws, envs, trainer
 from metarl.inner_loops.flat_mlp import Adam, FlatMLP, adam_init, adam_step
 from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
 from metarl.inner_loops.config_checks import check_range as _check_range
@@ -314,18 +314,23 @@ def make_train(config: DQNConfig):
 
         def interval(outer: tuple[Carry, jax.Array], key: jax.Array):
             carry, last_return = outer
-            k_explore, k_action, k_sample, k_env, k_reset = jax.random.split(key, 5)
+            # Every random number of the interval in one draw (draws.draw), from threefry keys as every
+            # other draw: under vmap, JAX draws an RngBitGenerator key's (unsafe_rbg's) bits for the whole
+            # batch from its first key, so an agent's environment would depend on the agents beside it.
+            drawn = draws.draw(key, {"explore": ((iterations, num_envs), "uniform"),
+                                     "action": ((iterations, num_envs), "bits"),
+                                     "sample": ((iterations, batch_size), "uniform"),
+                                     "steps": ((iterations, num_envs), "keys"),
+                                     "resets": ((iterations, num_envs), "keys")})
             noise = (
-                jax.random.uniform(k_explore, (iterations, num_envs)),
-                jax.random.randint(k_action, (iterations, num_envs), 0, num_actions, jnp.int32),
-                jax.random.uniform(k_sample, (iterations, batch_size)),
-                # Threefry keys, as every other draw: under vmap, JAX draws an RngBitGenerator key's
-                # (unsafe_rbg's) bits for the whole batch from its first key, so an agent's
-                # environment would depend on the agents beside it.
-                jax.random.split(k_env, (iterations, num_envs)),
-                # Every reset state of the interval in one batched draw; a step selects its own
+                drawn["explore"],
+                # uniform over the actions but for a bias below num_actions / 2**32
+                (drawn["action"] % num_actions).astype(jnp.int32),
+                drawn["sample"],
+                drawn["steps"],
+                # Every reset state of the interval in one batched call; a step selects its own
                 # where an episode ended (gymnax's auto-reset semantics, without its per-step draw).
-                v_reset_block(jax.random.split(k_reset, (iterations, num_envs)), env_params),
+                v_reset_block(drawn["resets"], env_params),
             )
             carry = carry._replace(return_sum=jnp.float32(0.0), episodes=jnp.int32(0), loss_sum=jnp.float32(0.0))
             carry, _ = jax.lax.scan(step, carry, noise, unroll=config.unroll)

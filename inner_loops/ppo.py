@@ -34,6 +34,7 @@ import optax
 from flax import struct
 from gymnax.environments import spaces
 
+from metarl.inner_loops import draws
 from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops import trainer
 from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
@@ -227,49 +228,25 @@ def permutations_from_bits(bits: jax.Array) -> jax.Array:
     return perm
 
 
-def _unit_floats(bits: jax.Array, low: float) -> jax.Array:
-    """Floats in [low, 1) from uint32 bits, made as ``jax.random.uniform(key, shape, minval=low)`` makes them."""
-    floats = jax.lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
-    return jnp.maximum(low, floats * (1.0 - low) + low)
-
-
-def gumbel_from_bits(bits: jax.Array) -> jax.Array:
-    """Standard Gumbel noise from uint32 bits: -log(-log(u)), as ``jax.random.gumbel`` makes it."""
-    return -jnp.log(-jnp.log(_unit_floats(bits, float(np.finfo(np.float32).tiny))))
-
-
-def normal_from_bits(bits: jax.Array) -> jax.Array:
-    """Standard normal noise from uint32 bits: sqrt(2) erfinv(u), as ``jax.random.normal`` makes it."""
-    low = float(np.nextafter(np.float32(-1.0), np.float32(0.0)))
-    return np.float32(np.sqrt(2.0)) * jax.lax.erf_inv(_unit_floats(bits, low))
-
-
 def update_draws(key: jax.Array, n_steps: int, n_envs: int, action_dim: int, continuous: bool,
                  n_epochs: int, batch_size: int):
-    """Every random number of one PPO update from one draw of bits: ``(noise, step_keys, reset_keys,
-    perms)``, the action noise (n_steps, n_envs, action_dim) (standard normal if ``continuous``, else
-    standard Gumbel), each step's and each reset's key (n_steps, n_envs), and the shuffles of the
-    ``n_epochs`` epochs (``random_permutations``).
-
-    One draw, not one per kind: on a CPU, JAX compiles each random-number call site as a loop of its
-    own, and these were seven sites (a split, the noise, two key splits, the shuffle's split and its
-    rounds); as one, PPO compiles 10-20% faster (docs/performance.md). The keys are bits, as
-    ``jax.random.split`` makes keys: both are the key's hash of a counter."""
-    words = jax.random.key_data(key).shape[-1]
-    per_step = action_dim + 2 * words
+    """Every random number of one PPO update from one draw of bits (``draws.draw``): ``(noise,
+    step_keys, reset_keys, perms)``, the action noise (n_steps, n_envs, action_dim) (standard normal if
+    ``continuous``, else standard Gumbel), each step's and each reset's key (n_steps, n_envs), and the
+    shuffles of the ``n_epochs`` epochs (``random_permutations``). As seven call sites (a split of the
+    key, the noise, two key splits, the shuffle's split and its rounds) PPO compiled 10-20% slower
+    (docs/performance.md)."""
     rounds = shuffle_rounds(batch_size)
-    n_rollout, n_shuffle = n_steps * n_envs * per_step, (rounds or 0) * n_epochs * batch_size
-    bits = jax.random.bits(key, (n_rollout + n_shuffle,), jnp.uint32)
-    rollout = bits[:n_rollout].reshape(n_steps, n_envs, per_step)
-    noise = (normal_from_bits if continuous else gumbel_from_bits)(rollout[..., :action_dim])
-    impl = jax.random.key_impl(key)
-    step_keys = jax.random.wrap_key_data(rollout[..., action_dim:action_dim + words], impl=impl)
-    reset_keys = jax.random.wrap_key_data(rollout[..., action_dim + words:], impl=impl)
+    parts = {"noise": ((n_steps, n_envs, action_dim), "normal" if continuous else "gumbel"),
+             "steps": ((n_steps, n_envs), "keys"), "resets": ((n_steps, n_envs), "keys")}
+    if rounds is not None:
+        parts["shuffle"] = ((rounds, n_epochs, batch_size), "bits")
+    drawn = draws.draw(key, parts)
     if rounds is None:
         perms = random_permutations(jax.random.fold_in(key, 1), n_epochs, batch_size)
     else:
-        perms = permutations_from_bits(bits[n_rollout:].reshape(rounds, n_epochs, batch_size))
-    return noise, step_keys, reset_keys, perms
+        perms = permutations_from_bits(drawn["shuffle"])
+    return drawn["noise"], drawn["steps"], drawn["resets"], perms
 
 
 def ppo_loss(params, apply_fn, batch: Batch, config: PPOConfig, meta_params,

@@ -24,12 +24,11 @@ from metarl.inner_loops.ppo import (
     compute_gae,
     make_agent,
     make_train,
-    gumbel_from_bits,
-    normal_from_bits,
     ppo_loss,
     random_permutations,
     update_draws,
 )
+from metarl.inner_loops.draws import gumbel_from_bits, normal_from_bits, uniform_from_bits
 
 TINY = dict(num_envs=4, num_steps=16, total_timesteps=4 * 16 * 4, update_epochs=2, num_minibatches=2)
 
@@ -83,6 +82,7 @@ def test_an_update_draws_its_noise_keys_and_shuffles_at_once():
     bits = jax.random.bits(key, (4096,), jnp.uint32)
     np.testing.assert_allclose(gumbel_from_bits(bits), jax.random.gumbel(key, (4096,)), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(normal_from_bits(bits), jax.random.normal(key, (4096,)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(uniform_from_bits(bits), jax.random.uniform(key, (4096,)))
     for continuous, mean, var in ((False, np.euler_gamma, np.pi ** 2 / 6), (True, 0.0, 1.0)):
         noise, steps, resets, perms = update_draws(key, 128, 8, 3, continuous, 4, 1024)
         assert noise.shape == (128, 8, 3) and steps.shape == resets.shape == (128, 8) and perms.shape == (4, 1024)
@@ -438,7 +438,7 @@ class _StepsOnlyAfterSeeing:
 
 
 def test_an_adaptive_schedule_sees_the_previous_update_and_at_zero_is_ppo():
-    cfg = PPOConfig(**TINY, anneal_lr=False)   # every step of the same size: the last update's KL is not ~0
+    cfg = PPOConfig(**TINY, anneal_lr=False, lr=1e-3)   # steps of one size, large enough that each moves the KL
     key = jax.random.key(7)
     # The trainer hands an adaptive schedule what the previous update saw, nothing before the first:
     # a step only in the first update moves the policy then and never after (KL 0), and the converse.

@@ -1,20 +1,21 @@
-"""Does PPO still learn the same after a change that alters its rounding? metarl's PPO as it is now
-against ``inner_loops/ppo.py`` as it was at a git revision, on the same seeds.
+"""Does a trainer still learn the same after a change that alters its rounding or its random numbers?
+metarl's PPO (or DQN, ``--trainer dqn``) as it is now against ``inner_loops/ppo.py`` (``dqn.py``) as it
+was at a git revision, on the same seeds.
 
-A change that reorders floating-point operations (a fusion, a flattened optimizer) gives other bits,
-and RL training is chaotic: after a few updates the two runs of one seed are different samples of the
+A change that reorders floating-point operations (a fusion, a flattened optimizer) or draws its random
+numbers otherwise gives other bits, and RL training is chaotic: after a few updates the two runs of one seed are different samples of the
 same distribution. So the check is statistical: for each environment, ``--seeds`` agents per side
-(the same keys), PureJaxRL's config (``PPOConfig`` defaults) at ``--total-timesteps``; per side the
-final return (mean episode return over the last 10% of updates) and the area under the learning
+(the same keys), PureJaxRL's config (``PPOConfig`` or ``DQNConfig`` defaults) at ``--total-timesteps``;
+per side the final return (mean episode return over the last 10% of updates or logging intervals) and the area under the learning
 curve (the mean over all updates) with 95% intervals and Welch's p between the sides, and the largest
 gap along the curve between the sides' mean returns in units of its standard error, with its
 permutation p (the share of 1,000 random splits of the pooled agents into two sides whose largest gap
 is at least as large). Prints ONE JSON object to stdout; progress goes to stderr.
 
-    timeout 1800 python benchmarks/ppo_numerics_check.py --against REV [--envs CartPole-v1 Acrobot-v1]
-        [--seeds 32] [--total-timesteps 500000]
+    timeout 1800 python benchmarks/numerics_check.py --against REV [--trainer ppo|dqn]
+        [--envs CartPole-v1 Acrobot-v1] [--seeds 32] [--total-timesteps 500000]
 
-REV is any git revision whose ``inner_loops/ppo.py`` imports against today's package (run from the
+REV is any git revision whose trainer module imports against today's package (run from the
 repository's root).
 """
 from __future__ import annotations
@@ -32,26 +33,27 @@ import jax
 import numpy as np
 
 from metarl.evaluate import compare
-from metarl.inner_loops import ppo as ppo_now
 from metarl.stats import t_interval
 
+CONFIGS = {"ppo": "PPOConfig", "dqn": "DQNConfig"}
 
-def module_at(rev: str):
-    """``inner_loops/ppo.py`` at git revision ``rev``, imported as a module of its own."""
-    source = subprocess.run(["git", "show", f"{rev}:inner_loops/ppo.py"], check=True, capture_output=True,
+
+def module_at(rev: str, trainer: str):
+    """``inner_loops/<trainer>.py`` at git revision ``rev``, imported as a module of its own."""
+    source = subprocess.run(["git", "show", f"{rev}:inner_loops/{trainer}.py"], check=True, capture_output=True,
                             text=True).stdout
-    path = Path(tempfile.mkdtemp()) / "ppo_at_rev.py"
+    path = Path(tempfile.mkdtemp()) / f"{trainer}_at_rev.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("ppo_at_rev", path)
+    spec = importlib.util.spec_from_file_location(f"{trainer}_at_rev", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
-def curves(module, env: str, total: float, keys) -> np.ndarray:
+def curves(module, trainer: str, env: str, total: float, keys) -> np.ndarray:
     """Learning curves ``(seeds, updates)``: the mean return of the episodes ended in each update."""
-    train = module.make_train(module.PPOConfig(env=env, total_timesteps=int(total)))
+    train = module.make_train(getattr(module, CONFIGS[trainer])(env=env, total_timesteps=int(total)))
     return np.asarray(jax.jit(jax.vmap(lambda k: train(k)[1]["episode_return"]))(keys), dtype=float)
 
 
@@ -65,17 +67,19 @@ def largest_gap(a: np.ndarray, b: np.ndarray) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", required=True, help="the git revision to compare with")
+    parser.add_argument("--trainer", choices=list(CONFIGS), default="ppo")
     parser.add_argument("--envs", nargs="+", default=["CartPole-v1", "Acrobot-v1"])
     parser.add_argument("--seeds", type=int, default=32)
     parser.add_argument("--total-timesteps", type=float, default=5e5)
     args = parser.parse_args()
-    sides = {"now": ppo_now, args.against: module_at(args.against)}
+    now = importlib.import_module(f"metarl.inner_loops.{args.trainer}")
+    sides = {"now": now, args.against: module_at(args.against, args.trainer)}
     keys = jax.random.split(jax.random.key(0), args.seeds)
-    report = {"benchmark": "ppo_numerics_check", "against": args.against, "seeds": args.seeds,
+    report = {"benchmark": "numerics_check", "trainer": args.trainer, "against": args.against, "seeds": args.seeds,
               "total_timesteps": int(args.total_timesteps), "jax": jax.__version__, "envs": {}}
     for env in args.envs:
         t = time.perf_counter()
-        c = {name: curves(module, env, args.total_timesteps, keys) for name, module in sides.items()}
+        c = {name: curves(module, args.trainer, env, args.total_timesteps, keys) for name, module in sides.items()}
         a, b = c.values()
         tail = max(1, a.shape[1] // 10)
         final = {name: x[:, -tail:].mean(axis=1) for name, x in c.items()}
