@@ -37,7 +37,10 @@ def run(extra: list[str], overrides: list[str], run_dir: Path, cache: Path, time
         env.pop(name, None)
     cmd = [python, "-m", "metarl.evolve", "experiment=value_loss", *overrides, *extra, f"run_dir={run_dir}"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True)
+    # Started outside the checkout: from its root, `-m metarl.evolve` would import the checkout's metarl
+    # whatever the interpreter, and --before would time this metarl twice.
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, start_new_session=True,
+                          cwd=run_dir.parent)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{python} {' '.join(extra)}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
