@@ -37,9 +37,11 @@ from metarl.inner_loops.envs import random_policy_return
 from metarl.inner_loops.ppo import PPOConfig, make_train
 from metarl.outer_loops.fitness import final_window_mean
 
-# (name, multipliers of the first variant's hyperparameters); None: PPO as configured
-VARIANTS = (("tuned", {}), ("lr x1.5", {"lr": 1.5}), ("lr x0.67", {"lr": 1 / 1.5}),
-            ("clip_eps x1.5", {"clip_eps": 1.5}), ("ent_coef x10", {"ent_coef": 10.0}), ("as configured", None))
+# name: multipliers of the first variant's hyperparameters; None: PPO as configured
+VARIANTS = {"tuned": {}, "lr x1.5": {"lr": 1.5}, "lr x0.67": {"lr": 1 / 1.5}, "lr x3": {"lr": 3.0},
+            "lr x0.33": {"lr": 1 / 3}, "clip_eps x1.5": {"clip_eps": 1.5}, "ent_coef x10": {"ent_coef": 10.0},
+            "as configured": None}
+DEFAULT_VARIANTS = ("tuned", "lr x1.5", "lr x0.67", "clip_eps x1.5", "ent_coef x10", "as configured")
 STATISTICS = {"final 0.2": lambda c: final_window_mean(c, 0.2), "final 0.5": lambda c: final_window_mean(c, 0.5),
               "auc": lambda c: c.mean(axis=-1)}
 
@@ -64,6 +66,8 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=["Breakout-MinAtar", "SpaceInvaders-MinAtar"])
     parser.add_argument("--total-timesteps", type=int, default=65536)
     parser.add_argument("--seeds", type=int, default=32)
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS),
+                        help="the first is what the others are compared with and normalised by")
     args = parser.parse_args()
     # tuned_schedule's inner settings (4 envs x 64 steps per update)
     base = PPOConfig(num_envs=4, num_steps=64, update_epochs=4, num_minibatches=4,
@@ -75,9 +79,9 @@ def main() -> None:
         tuned = json.load(open(args.tuned))
         first.update(tuned["hyperparameters"])
         configured.update(tuned["configured"])
-    values = [configured if mult is None else {n: v * mult.get(n, 1.0) for n, v in first.items()}
-              for _, mult in VARIANTS]
-    labels = [name for name, _ in VARIANTS]
+    labels = list(args.variants)
+    values = [configured if VARIANTS[name] is None else {n: v * VARIANTS[name].get(n, 1.0) for n, v in first.items()}
+              for name in labels]
 
     per_task, scores = {}, {s: [] for s in STATISTICS}
     for task in args.tasks:
@@ -109,7 +113,7 @@ def main() -> None:
         log(f"{s:10s} sd {summary[s]['sd_first']:.3f} | " + " | ".join(
             f"{k} d {v['cohens_d']:+.2f}" for k, v in rows.items()))
     print(json.dumps({"benchmark": "statistic_signal", "tasks": args.tasks, "total_timesteps": args.total_timesteps,
-                      "seeds": args.seeds, "first_variant": first, "configured": configured,
+                      "seeds": args.seeds, "variants": labels, "first_variant": first, "configured": configured,
                       "summary": summary, "per_task": per_task, "jax": jax.__version__,
                       "cpu_count": os.cpu_count()}, indent=1))
 
