@@ -35,15 +35,16 @@ import numpy as np
 
 from metarl.inner_loops.envs import random_policy_return
 from metarl.inner_loops.ppo import PPOConfig, make_train
-from metarl.outer_loops.fitness import final_window_mean
+from metarl.outer_loops.fitness import normalize, statistic_fn
 
 # name: multipliers of the first variant's hyperparameters; None: PPO as configured
 VARIANTS = {"tuned": {}, "lr x1.5": {"lr": 1.5}, "lr x0.67": {"lr": 1 / 1.5}, "lr x3": {"lr": 3.0},
             "lr x0.33": {"lr": 1 / 3}, "clip_eps x1.5": {"clip_eps": 1.5}, "ent_coef x10": {"ent_coef": 10.0},
             "as configured": None}
 DEFAULT_VARIANTS = ("tuned", "lr x1.5", "lr x0.67", "clip_eps x1.5", "ent_coef x10", "as configured")
-STATISTICS = {"final 0.2": lambda c: final_window_mean(c, 0.2), "final 0.5": lambda c: final_window_mean(c, 0.5),
-              "auc": lambda c: c.mean(axis=-1)}
+# fitness.statistic and fitness.window, as a search computes them
+STATISTICS = {"final 0.2": statistic_fn("final", 0.2), "final 0.5": statistic_fn("final", 0.5),
+              "auc": statistic_fn("auc", 1.0)}
 
 
 def log(msg: str) -> None:
@@ -95,8 +96,8 @@ def main() -> None:
             x = stat(c)  # (variants, seeds)
             per_task[task][s] = {label: {"mean": float(x[i].mean()), "sd": float(x[i].std(ddof=1))}
                                  for i, label in enumerate(labels)}
-            # normalised as fitness.normalize=baseline: 0 random play, 1 the first variant's mean
-            scores[s].append((x - random) / (x[0].mean() - random))
+            # normalised as fitness.normalize=baseline does: 0 random play, 1 the first variant's mean
+            scores[s].append(normalize(x, {"base": [x[0].mean()], "low": [random]}))
 
     summary = {}
     for s in STATISTICS:
