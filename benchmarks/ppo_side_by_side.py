@@ -37,7 +37,8 @@ jax can hang on a 2-core CPU, see docs/performance.md, "Which jax")::
     timeout 1800 python benchmarks/ppo_side_by_side.py --agents 1 8 32 --repeats 3 --total-timesteps 1e5
 
 ``--compile metarl`` compiles both with the options metarl's own runs use on a CPU
-(``metarl.compilation.compiler_options()``); the default is JAX's defaults for both.
+(``metarl.compilation.compiler_options()``), ``--compile single-agent`` both with those it suggests
+for one agent (``metarl.compilation.SINGLE_AGENT_CPU_OPTIONS``); the default is JAX's defaults for both.
 """
 from __future__ import annotations
 
@@ -124,13 +125,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--total-timesteps", type=float, default=1e5)
     parser.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS))
-    parser.add_argument("--compile", choices=("default", "metarl"), default="default")
+    parser.add_argument("--compile", choices=("default", "metarl", "single-agent"), default="default")
     parser.add_argument("--compile-repeats", type=int, default=3)
     args = parser.parse_args()
     options = None
-    if args.compile == "metarl":
+    if args.compile != "default":
         from metarl import compilation
-        options = compilation.compiler_options()
+        options = (compilation.compiler_options() if args.compile == "metarl"
+                   else compilation.SINGLE_AGENT_CPU_OPTIONS)
     total = int(args.total_timesteps)
     impls = list(dict.fromkeys(args.impl))
     analytic = flop_rate.ppo_analytic_flops_per_frame()

@@ -23,6 +23,13 @@ CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 # the same agents to other returns in another process (on one H100: two of two processes differed). Without
 # autotuning, its kernels and results are the same in every process: a resumed run equals the straight one.
 GPU_COMPILER_OPTIONS = {"xla_gpu_autotune_level": 0}
+# One agent (or a few) on a CPU of several cores: XLA splits an elementwise loop it estimates as costly (the
+# random-number hash's rounds, the critic's activations of a rollout) into one task per core, and for
+# operations this small the hand-off to another thread costs more than the work; nor is a product split.
+# Same results bit for bit, 1.05-1.14x frames/s for one PPO agent (docs/library.md). For populations the
+# split pays (0.76-0.84x without it at 8 and 32 agents), so metarl's own runs do not use these.
+SINGLE_AGENT_CPU_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner",
+                            "xla_cpu_multi_thread_eigen": False}
 
 
 def compiler_options() -> dict:

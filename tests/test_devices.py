@@ -229,6 +229,19 @@ def test_metarl_compiles_at_its_own_level_unless_xla_flags_sets_one(monkeypatch)
         program.lower(x).compile({"xla_gpu_autotune_levl": 0})
 
 
+def test_single_agent_options_stop_splitting_loops_over_cores_and_keep_results():
+    from metarl import compilation
+
+    program = jax.jit(lambda x: jnp.sin(x) * jnp.cos(x) + jnp.exp(x))  # a loop XLA splits over the cores
+    x = jnp.linspace(0.0, 1.0, 1 << 16)
+    split, whole = program.lower(x).compile(), program.lower(x).compile(compilation.SINGLE_AGENT_CPU_OPTIONS)
+    np.testing.assert_array_equal(whole(x), split(x))
+    # XLA ignores an unknown pass name: this fails if its task assigner is renamed.
+    assert "outer_dimension_partitions" not in whole.as_text()
+    if (os.cpu_count() or 1) >= 2:
+        assert "outer_dimension_partitions" in split.as_text()
+
+
 LAGGING_DEVICE = '''
 import sys, time
 import jax
