@@ -238,6 +238,7 @@ def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict
     if jax.process_index() == 0:
         Path(tcfg.run_dir).mkdir(exist_ok=True)
     prepared = prepare(tcfg, tcfg.run_dir, mesh=mesh)
+    earlier = sum(r.get("seconds", 0.0) for r in prepared[4])  # before run_generations appends this session's
     summary = run_generations(tcfg, tcfg.run_dir, mesh=mesh, prepared=prepared)
     task = prepared[0]
     meta, info = checkpoints.read_best(tcfg.run_dir, task.template)
@@ -249,7 +250,7 @@ def tune(cfg: RunConfig, run_dir: Path, mesh: Any, shown: bool) -> Optional[dict
              "trainings": trainings(tcfg) + summary.get("validation_trainings", 0),
              # this session's wall time, plus the generations an earlier session ran before a kill
              "search_trainings": trainings(cfg), "seed": tcfg.seed,
-             "seconds": time.perf_counter() - t + sum(r.get("seconds", 0.0) for r in prepared[4]),
+             "seconds": time.perf_counter() - t + earlier,
              "run_dir": TUNE_DIR}
     if jax.process_index() == 0:
         atomic_write(run_dir / TUNED_FILE, json.dumps(tuned, indent=2))
