@@ -260,6 +260,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "run_dir": str(run_dir), "kind": task.kind.name, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
         "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
         "best_generation": info.get("generation"), "best_fitness": info.get("fitness"),
+        "picked": info.get("picked"),   # the final pick on fresh seeds ("top 2", "search mean"); None without one
         "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
         "normalized": f"(R - random policy) / ({'tuned ' if configured else ''}baseline mean - random policy), per task",
         "tuned": read_tuned(run_dir),
@@ -309,7 +310,9 @@ def _suffix(env, total_timesteps, tasks, task) -> str:
 
 
 def format_report(report: dict) -> str:
-    lines = [f"{report['kind']} from {report['run_dir']} (best of generation {report['best_generation']}): "
+    which = (f"{report['picked']} of generation {report['best_generation']}, picked on fresh seeds"
+             if report.get("picked") else f"best of generation {report['best_generation']}")
+    lines = [f"{report['kind']} from {report['run_dir']} ({which}): "
              f"{report['num_seeds']} fresh seeds per side and task (fold_in(key({report['key_root']}), i))",
              f"final return = {report['statistic']}; normalised = {report['normalized']}", ""]
     row0 = report["tasks"][0]

@@ -73,6 +73,8 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     text = evaluate.format_report(report)
     assert "p vs tuned" in text and "p vs config" in text and "P(learned > baseline as configured)" in text
     assert f"its fitness on fresh seeds {tuned['fitness']:.3f} [" in text
+    picked = json.loads((run_dir / "validation.json").read_text())["picked"]
+    assert report["picked"] == picked and f"({picked} of generation " in text.splitlines()[0]
 
 
 def test_the_final_pick_is_exported_with_what_it_was_picked_from(tuned_run):
