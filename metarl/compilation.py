@@ -27,7 +27,7 @@ GPU_COMPILER_OPTIONS = {"xla_gpu_autotune_level": 0}
 # random-number hash's rounds, the critic's activations of a rollout) into one task per core, and for
 # operations this small the hand-off to another thread costs more than the work; nor is a product split.
 # Same results bit for bit, 1.05-1.14x frames/s for one PPO agent (docs/library.md). For populations the
-# split pays (0.76-0.84x without it at 8 and 32 agents), so metarl's own runs do not use these.
+# split pays (0.85x and 0.77x without it at 8 and 32 agents), so metarl's own runs do not use these.
 SINGLE_AGENT_CPU_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner",
                             "xla_cpu_multi_thread_eigen": False}
 
