@@ -20,6 +20,7 @@ import os
 import re
 import statistics
 import time
+from collections import Counter
 
 import jax
 import jax.numpy as jnp
@@ -37,8 +38,11 @@ def _dims(text: str) -> list[int]:
     return [int(d) for d in text.split(",") if d]
 
 
-def hlo_dot_flops(compiled) -> float:
-    """FLOPs of the ``dot`` instructions of ``compiled`` (a ``jax.stages.Compiled``), loops unrolled."""
+_TRIVIAL = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"}  # no work at run time
+
+
+def _hlo_totals(compiled) -> tuple[float, Counter]:
+    """(dot FLOPs, executed instructions by opcode) of ``compiled``, loops unrolled by their trip counts."""
     shapes: dict[str, list[int]] = {}
     comps: dict[str, dict] = {}
     entry = None
@@ -46,7 +50,7 @@ def hlo_dot_flops(compiled) -> float:
     for line in compiled.as_text().splitlines():
         m = _COMP.match(line)
         if m:
-            current = {"dots": 0.0, "calls": []}
+            current = {"dots": 0.0, "ops": Counter(), "calls": []}
             comps[m.group(2)] = current
             if m.group(1):
                 entry = m.group(2)
@@ -60,6 +64,8 @@ def hlo_dot_flops(compiled) -> float:
         array = _ARRAY.match(shape)
         if array:
             shapes[name] = _dims(array.group(1))
+        if op not in _TRIVIAL:
+            current["ops"][op] += 1
         if op == "dot":
             lhs = re.match(r"\s*%?([\w.\-]+)", rest).group(1)
             contract = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", rest)
@@ -76,15 +82,34 @@ def hlo_dot_flops(compiled) -> float:
             for callee in (listed or single).split(","):
                 callee = callee.strip().lstrip("%")
                 if callee:
-                    current["calls"].append((callee, times))
+                    current["calls"].append((callee, times, op))
 
-    def total(name: str, seen=()) -> float:
+    def total(name: str, seen=()) -> tuple[float, Counter]:
         comp = comps.get(name)
         if comp is None or name in seen:
-            return 0.0
-        return comp["dots"] + sum(t * total(c, seen + (name,)) for c, t in comp["calls"])
+            return 0.0, Counter()
+        flops, ops = comp["dots"], Counter(comp["ops"])
+        for callee, times, op in comp["calls"]:
+            sub_flops, sub_ops = total(callee, seen + (name,))
+            flops += times * sub_flops
+            if op in ("while", "call", "conditional"):  # a fusion's body runs as one operation
+                for k, v in sub_ops.items():
+                    ops[k] += times * v
+        return flops, ops
 
     return total(entry)
+
+
+def hlo_dot_flops(compiled) -> float:
+    """FLOPs of the ``dot`` instructions of ``compiled`` (a ``jax.stages.Compiled``), loops unrolled."""
+    return _hlo_totals(compiled)[0]
+
+
+def hlo_op_counts(compiled) -> Counter:
+    """Instructions ``compiled`` executes, by opcode (a fusion is one), loops unrolled by their trip
+    counts; instructions that do no work at run time (parameters, constants, tuples, bitcasts) are left out.
+    A conditional's branches are all counted."""
+    return _hlo_totals(compiled)[1]
 
 
 def ppo_analytic_flops_per_frame(obs: int = 4, hidden: tuple = (64, 64), actions: int = 2,

@@ -17,7 +17,9 @@ Beside frames/s, for each implementation and agent count:
   counts PPO's dense layers by hand as a cross-check;
 - ``matmul_rate_gflops``: this process's measured f32 rate of a jitted loop of N independent
   (128 x 64) @ (64 x 64) products (PPO's minibatch shape, one per agent), measured after the timed runs;
-- ``matmul_fraction``: dot FLOPs per frame x frames/s / that rate.
+- ``matmul_fraction``: dot FLOPs per frame x frames/s / that rate;
+- ``operations_per_update``: the instructions the compiled program executes per PPO update, for all
+  its agents together (a fusion counts one; ``flop_rate.hlo_op_counts``), and the same by opcode.
 
 One JSON object goes to stdout (progress to stderr), with ``ratio_metarl_over_purejaxrl`` of frames/s
 (> 1: metarl is faster) and of compile seconds (< 1: metarl compiles faster), and the load average
@@ -88,15 +90,15 @@ def load_purejaxrl():
     return mod
 
 
-def make_one(impl: str, total: int):
+def make_one(impl: str, total: int, update_epochs: int = PJR_CONFIG["UPDATE_EPOCHS"]):
     """(train(key) for one agent, key maker(seed, n), frames per agent per call)."""
     if impl == "metarl":
         from metarl.inner_loops.ppo import PPOConfig, make_train
-        config = PPOConfig(env="CartPole-v1", total_timesteps=total)
+        config = PPOConfig(env="CartPole-v1", total_timesteps=total, update_epochs=update_epochs)
         train = make_train(config)
         return (lambda k: train(k)), (lambda s, n: jax.random.split(jax.random.key(s), n)), config.frames_per_run
     if impl == "purejaxrl":
-        config = dict(PJR_CONFIG, TOTAL_TIMESTEPS=float(total))
+        config = dict(PJR_CONFIG, TOTAL_TIMESTEPS=float(total), UPDATE_EPOCHS=update_epochs)
         train = load_purejaxrl().make_train(config)  # sets config["NUM_UPDATES"]
         frames = int(config["NUM_UPDATES"]) * config["NUM_STEPS"] * config["NUM_ENVS"]
         return train, (lambda s, n: jax.random.split(jax.random.PRNGKey(s), n)), frames
@@ -104,13 +106,16 @@ def make_one(impl: str, total: int):
 
 
 def build(impl: str, total: int, n: int, options: dict | None):
-    """(compiled fn(keys), key maker(seed), frames per agent per call, compile seconds, dot FLOPs per frame)."""
+    """(compiled fn(keys), key maker(seed), frames per agent per call, compile seconds, dot FLOPs per
+    frame, operations the program executes per update, by opcode)."""
     one, keys, frames = make_one(impl, total)
     start = time.perf_counter()
     compiled = jax.jit(jax.vmap(one)).lower(keys(0, n)).compile(options or None)
     compile_s = time.perf_counter() - start
     flops = flop_rate.hlo_dot_flops(compiled) / (frames * n)
-    return compiled, (lambda s: keys(s, n)), frames, compile_s, flops
+    updates = frames // (PJR_CONFIG["NUM_ENVS"] * PJR_CONFIG["NUM_STEPS"])
+    ops = {op: round(count / updates) for op, count in flop_rate.hlo_op_counts(compiled).most_common()}
+    return compiled, (lambda s: keys(s, n)), frames, compile_s, flops, ops
 
 
 def timed(fn, keys) -> float:
@@ -152,8 +157,8 @@ def main() -> None:
                 compiles[impl].append(built[impl][3])
                 log(f"[{n} agents] {impl}: trace + compile {compiles[impl][-1]:.2f}s")
         for impl in impls:
-            fn, keys, frames, _, flops = built[impl]
-            built[impl] = (fn, keys, frames, statistics.median(compiles[impl]), flops)
+            fn, keys, frames, _, flops, ops = built[impl]
+            built[impl] = (fn, keys, frames, statistics.median(compiles[impl]), flops, ops)
             jax.block_until_ready(fn(jax.block_until_ready(keys(1))))  # warm-up, untimed
             log(f"[{n} agents] {impl}: {flops:.4g} dot FLOP/frame")
         runs = {impl: [] for impl in impls}
@@ -167,7 +172,7 @@ def main() -> None:
         rates[str(n)] = round(rate / 1e9, 2)
         log(f"[{n} agents] matmul {n} x (128x64 @ 64x64): {rate / 1e9:.1f} GFLOP/s")
         for impl in impls:
-            _, _, frames, compile_s, flops = built[impl]
+            _, _, frames, compile_s, flops, ops = built[impl]
             run_s = statistics.median(runs[impl])
             fps = frames * n / run_s
             results.setdefault(impl, {})[str(n)] = {
@@ -180,6 +185,8 @@ def main() -> None:
                 "dot_flops_per_frame": round(flops),
                 "achieved_gflops": round(fps * flops / 1e9, 2),
                 "matmul_fraction": round(fps * flops / rate, 3),
+                "operations_per_update": sum(ops.values()),
+                "operations_per_update_by_kind": ops,
             }
         if "metarl" in results and "purejaxrl" in results:
             m, p = results["metarl"][str(n)], results["purejaxrl"][str(n)]

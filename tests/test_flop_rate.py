@@ -1,0 +1,28 @@
+"""benchmarks/flop_rate.py's counts on a compiled program: each loop's body times its trip count."""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import flop_rate  # noqa: E402
+
+
+def test_a_loop_body_counts_once_per_iteration():
+    x, w = jnp.ones((4, 8)), jnp.ones((8, 8)) / 8
+
+    def loop(trips):
+        # A scan of `trips` products, with an unknown input, so that XLA neither folds nor unrolls it.
+        return lambda x, w: jax.lax.scan(lambda x, _: (jnp.tanh(x @ w), None), x, None, length=trips)[0]
+
+    counts = {}
+    for trips in (3, 7):
+        compiled = jax.jit(loop(trips)).lower(x, w).compile()
+        assert flop_rate.hlo_dot_flops(compiled) == trips * 2 * 4 * 8 * 8
+        counts[trips] = flop_rate.hlo_op_counts(compiled)
+        assert counts[trips]["dot"] == trips
+        assert not {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"} & set(counts[trips])
+    # Everything in the body (the product, its tanh, the loop counter) grows with the trip count.
+    grown = {op: counts[7][op] - counts[3][op] for op in counts[7]}
+    assert grown["dot"] == 4 and sum(grown.values()) >= 8
