@@ -21,8 +21,11 @@ def test_a_loop_body_counts_once_per_iteration():
         compiled = jax.jit(loop(trips)).lower(x, w).compile()
         assert flop_rate.hlo_dot_flops(compiled) == trips * 2 * 4 * 8 * 8
         counts[trips] = flop_rate.hlo_op_counts(compiled)
-        assert counts[trips]["dot"] == trips
         assert not {"parameter", "constant", "tuple", "get-tuple-element", "bitcast"} & set(counts[trips])
-    # Everything in the body (the product, its tanh, the loop counter) grows with the trip count.
-    grown = {op: counts[7][op] - counts[3][op] for op in counts[7]}
-    assert grown["dot"] == 4 and sum(grown.values()) >= 8
+        assert counts[trips]["while"] <= 1
+    # The body (the product, a dot or on newer jax a library fusion; its tanh; the loop counter and
+    # test) runs once per iteration, the rest once: the count grows by the same amount per iteration.
+    grown = sum(counts[7].values()) - sum(counts[3].values())
+    per_iteration = grown // 4
+    assert grown == 4 * per_iteration and per_iteration >= 3
+    assert sum(counts[3].values()) >= 3 * per_iteration
