@@ -108,7 +108,8 @@ def hlo_dot_flops(compiled) -> float:
 def hlo_op_counts(compiled) -> Counter:
     """Instructions ``compiled`` executes, by opcode (a fusion is one), loops unrolled by their trip
     counts; instructions that do no work at run time (parameters, constants, tuples, bitcasts) are left out.
-    A conditional's branches are all counted."""
+    A conditional's branches are all counted. Newer jax runs small products as library fusions
+    (YNNPACK, ``kind=kCustom``), which count as fusions here, not as ``dot``s."""
     return _hlo_totals(compiled)[1]
 
 
