@@ -105,10 +105,11 @@ def make_one(impl: str, total: int, update_epochs: int = PJR_CONFIG["UPDATE_EPOC
     raise ValueError(f"impl: {impl!r}; allowed: {', '.join(IMPLS)}")
 
 
-def build(impl: str, total: int, n: int, options: dict | None):
+def build(impl: str, total: int, n: int, options: dict | None,
+          update_epochs: int = PJR_CONFIG["UPDATE_EPOCHS"]):
     """(compiled fn(keys), key maker(seed), frames per agent per call, compile seconds, dot FLOPs per
     frame, operations the program executes per update, by opcode)."""
-    one, keys, frames = make_one(impl, total)
+    one, keys, frames = make_one(impl, total, update_epochs)
     start = time.perf_counter()
     compiled = jax.jit(jax.vmap(one)).lower(keys(0, n)).compile(options or None)
     compile_s = time.perf_counter() - start

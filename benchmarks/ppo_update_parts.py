@@ -3,14 +3,14 @@ PPO and PureJaxRL's.
 
 ``jax.profiler`` costs time per instruction (one agent runs about three times slower under it), which
 distorts a training made of small operations; this script times whole trainings instead. Each PPO
-(CartPole-v1, PureJaxRL's config, ``jax.jit(jax.vmap(train))`` over N agents; the two built as
-``ppo_side_by_side.py`` builds them) is compiled with 4 epochs (16 minibatch steps of 128 rows per
-update) and with 2 (8 steps), and the four programs are timed alternately in one process (A B C D D C B
-A ..., ``--repeats`` each, medians). For each PPO the difference over 8 steps is one minibatch step
-(loss, gradient and optimizer, with its share of an epoch's shuffle and gather); an update less its 16
-steps is the rest (the rollout, the values, GAE and the update's random draws). Not 1 epoch: with one,
-PureJaxRL's epoch loop of a single iteration compiles into another program, and 4 against 1 epochs gave
-its step as 122 microseconds where 4 against 2 gave 154 (1 agent, one process).
+(CartPole-v1, PureJaxRL's config, ``jax.jit(jax.vmap(train))`` over N agents; built and timed by
+``ppo_side_by_side.py``'s ``build`` and ``timed``) is compiled with 4 epochs (16 minibatch steps of 128
+rows per update) and with 2 (8 steps), and the four programs are timed alternately in one process (A B
+C D D C B A ..., ``--repeats`` each, medians). For each PPO the difference over 8 steps is one
+minibatch step (loss, gradient and optimizer, with its share of an epoch's shuffle and gather); an
+update less its 16 steps is the rest (the rollout, the values, GAE and the update's random draws).
+Not 1 epoch: with one, PureJaxRL's epoch loop of a single iteration compiles into another program, and
+4 against 1 epochs gave its step as 122 microseconds where 4 against 2 gave 154 (1 agent, one process).
 
 Also counted, on each compiled 4-epoch program: the instructions it executes per update
 (``flop_rate.hlo_op_counts``: a fusion counts one, loops unrolled by their trip counts).
@@ -29,7 +29,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import jax
 
@@ -69,26 +68,20 @@ def main() -> None:
         built = {}
         for impl in args.impl:
             for epochs in EPOCHS:
-                one, keys, frames = side_by_side.make_one(impl, total, update_epochs=epochs)
-                start = time.perf_counter()
-                fn = jax.jit(jax.vmap(one)).lower(keys(0, n)).compile(options)
-                log(f"[{n} agents] {impl}, {epochs} epochs: trace + compile {time.perf_counter() - start:.1f}s")
-                jax.block_until_ready(fn(keys(1, n)))  # warm-up, untimed
-                built[impl, epochs] = (fn, keys, frames // batch)
+                fn, keys, frames, compile_s, _, ops = side_by_side.build(impl, total, n, options, epochs)
+                log(f"[{n} agents] {impl}, {epochs} epochs: trace + compile {compile_s:.1f}s")
+                jax.block_until_ready(fn(keys(1)))  # warm-up, untimed
+                built[impl, epochs] = (fn, keys, frames // batch, ops)
         runs = {key: [] for key in built}
         order = list(built)
         for r in range(args.repeats):
             for key in (order if r % 2 == 0 else order[::-1]):
-                fn, keys, updates = built[key]
-                k = jax.block_until_ready(keys(r + 2, n))
-                start = time.perf_counter()
-                jax.block_until_ready(fn(k))
-                runs[key].append((time.perf_counter() - start) / updates * 1e6)
+                fn, keys, updates, _ = built[key]
+                runs[key].append(side_by_side.timed(fn, jax.block_until_ready(keys(r + 2))) / updates * 1e6)
         for impl in args.impl:
             full, fewer = (statistics.median(runs[impl, e]) for e in EPOCHS)
             step = (full - fewer) / ((EPOCHS[0] - EPOCHS[1]) * minibatches)
-            fn, _, updates = built[impl, EPOCHS[0]]
-            ops = flop_rate.hlo_op_counts(fn)
+            ops = built[impl, EPOCHS[0]][3]
             results.setdefault(impl, {})[str(n)] = {
                 "us_per_update": round(full, 1),
                 f"us_per_update_{EPOCHS[1]}_epochs": round(fewer, 1),
@@ -97,8 +90,8 @@ def main() -> None:
                 "minibatch_share": round(steps * step / full, 3),
                 "frames_per_s": round(n * batch / full * 1e6),
                 "runs_us_per_update": {str(e): [round(t, 1) for t in runs[impl, e]] for e in EPOCHS},
-                "operations_per_update": round(sum(ops.values()) / updates),
-                "operations_per_update_by_kind": {op: round(c / updates) for op, c in ops.most_common()},
+                "operations_per_update": sum(ops.values()),
+                "operations_per_update_by_kind": ops,
             }
             log(f"[{n} agents] {impl}: update {full:.0f} us = {steps} minibatch steps of {step:.1f} us "
                 f"+ rest {full - steps * step:.0f} us")
