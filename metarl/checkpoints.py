@@ -1,4 +1,4 @@
-"""Orbax checkpoints of the whole outer state (docs/resume.md), and the exported best meta-parameters.
+"""Orbax checkpoints of the whole outer state (docs/resume.md).
 
 A checkpoint at generation G holds the evolution state after G generations and, as JSON, the history of
 the G generations and the resolved config. Orbax writes each step to a temporary directory and renames
@@ -6,7 +6,6 @@ it when complete, so a kill mid-write leaves the previous checkpoint intact; the
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -14,15 +13,10 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from flax import serialization
 
-CKPT_DIR = "ckpt"
-BEST_PARAMS = "best_meta_params.msgpack"
-BEST_INFO = "best_meta_params.json"
+from metarl.rundir import CheckpointError, RunDir
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be read; the message names the directory."""
+__all__ = ["CheckpointError", "Checkpointer", "to_host", "from_host"]
 
 
 def _ocp():
@@ -51,9 +45,8 @@ def from_host(value, template):
 class Checkpointer:
     def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
         ocp = _ocp()
-        self.run_dir = Path(run_dir)
         self.write = write  # only process 0 writes in a multi-process run
-        ckpt_dir = self.run_dir / CKPT_DIR
+        self.dir = ckpt_dir = RunDir(run_dir).ckpt
         self.removed_incomplete = []  # step directories a kill left half-written (Orbax never reads them)
         if write:
             ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -94,47 +87,14 @@ class Checkpointer:
     def _read(self, step: Optional[int], **abstract) -> dict:
         step = self.latest_step() if step is None else step
         if step is None:
-            raise CheckpointError(f"{self.run_dir / CKPT_DIR}: no checkpoint to restore")
+            raise CheckpointError(f"{self.dir}: no checkpoint to restore")
         ocp = _ocp()
         parts = {name: ocp.args.StandardRestore(tree) for name, tree in abstract.items()}
         try:
             return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **parts))
         except Exception as err:  # Orbax raises many types for unreadable data
-            raise CheckpointError(f"{self.run_dir / CKPT_DIR / str(step)}: checkpoint unreadable "
+            raise CheckpointError(f"{self.dir / str(step)}: checkpoint unreadable "
                                   f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
 
     def close(self):
         self.manager.close()
-
-
-# --- the exported best meta-parameters ---------------------------------------------------------------
-
-def atomic_write(path: str | Path, data: bytes | str) -> None:
-    """Write ``path`` whole or not at all: a file of this process beside it, renamed over it."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def export_best(run_dir: str | Path, meta_params: Any, info: dict) -> None:
-    """Write the best meta-parameters (flax msgpack) and what is needed to use them (JSON)."""
-    run_dir = Path(run_dir)
-    atomic_write(run_dir / BEST_PARAMS, serialization.msgpack_serialize(
-        jax.tree.map(np.asarray, jax.device_get(meta_params))))
-    atomic_write(run_dir / BEST_INFO, json.dumps(info, indent=2, default=float).encode())
-
-
-def read_best(run_dir: str | Path, template: Any = None) -> tuple[Any, dict]:
-    """``(meta_params, info)`` exported by a run: the meta-parameters in the structure of ``template``
-    (the task's), or without one as a nested dict of numpy arrays."""
-    run_dir = Path(run_dir)
-    if not (run_dir / BEST_PARAMS).exists():
-        raise CheckpointError(f"{run_dir / BEST_PARAMS}: no exported meta-parameters")
-    params = serialization.msgpack_restore((run_dir / BEST_PARAMS).read_bytes())
-    info = json.loads((run_dir / BEST_INFO).read_text())
-    return (params if template is None else serialization.from_state_dict(template, params)), info

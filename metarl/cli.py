@@ -13,11 +13,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from metarl import config as config_lib
-from metarl.checkpoints import CheckpointError
-from metarl.config import CONFIG_FILE, ConfigError
+from metarl.rundir import CheckpointError
+from metarl.config import ConfigError
+from metarl.rundir import RunDir
 
 EXIT_BAD_INPUT = 2
-FIGURES = "figures"  # RUN_DIR/figures: where inspect, evaluate, distill and a logged run write figures
 # Signals that stop a run after the generation in flight, with a checkpoint (``metarl.run``).
 # SIGHUP is what a closed terminal sends.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -81,10 +81,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
 
 def check_run_to_read(run_dir: str | Path) -> None:
     """A run directory to read: ``ConfigError`` if it is none."""
-    if not Path(run_dir).is_dir():
-        raise ConfigError(f"{run_dir}: no such directory")
-    if not (Path(run_dir) / CONFIG_FILE).is_file():
-        raise ConfigError(f"{run_dir}: not a metarl run directory (no {CONFIG_FILE})")
+    RunDir(run_dir).require_run()
 
 
 @contextlib.contextmanager
@@ -107,14 +104,12 @@ def check_existing(cfg, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses one of another
     config, or a directory that is not a run's (``ConfigError``: a path that cannot become one)."""
     config_lib.check_run_dir(str(run_dir))
-    # Anything besides what is there before a run starts: the lock file, and what Hydra may write into
-    # a sweep job's directory first (``.hydra/``, the job's ``.log``).
-    if not run_dir.is_dir() or all(p.name.startswith(".") or p.name.endswith(".log") for p in run_dir.iterdir()):
+    if not RunDir(run_dir).started():
         return False
-    if not (run_dir / CONFIG_FILE).exists():
+    if not RunDir(run_dir).has_config():
         fail(f"run_dir: {run_dir} exists and is not a metarl run directory; allowed: a new or empty "
              "directory, or one of an earlier run of this config")
-    _refuse_search_change(config_lib.read_saved(run_dir, "run_dir"), cfg, run_dir)
+    _refuse_search_change(RunDir(run_dir).read_config("run_dir"), cfg, run_dir)
     return True
 
 

@@ -28,7 +28,6 @@ from metarl.inner_loops.config_checks import INT32_MAX
 from metarl.inner_loops.plugins import ConfigError
 
 EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
-CONFIG_FILE = "config.yaml"   # a run directory's resolved config: what resume, inspect and evaluate read
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
 RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "fitness.validation_seeds", "checkpoint", "logger",
@@ -365,51 +364,14 @@ def load(experiment: str, overrides: list[str] = (), config_dir: Optional[str] =
         raise one_line(err) from None
 
 
-TUNED_FILE = "tuned.json"   # a run's tuned baseline (baseline.tune): its hyperparameters, budget and pick
-
-
-def read_tuned(run_dir) -> Optional[dict]:
-    """RUN_DIR/tuned.json (None where the run tunes no baseline, or has not yet)."""
-    path = Path(run_dir) / TUNED_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def with_tuned(cfg: RunConfig, tuned: Optional[dict]) -> RunConfig:
-    """``cfg`` with the tuned baseline's hyperparameters (``read_tuned``) in place of the configured ones."""
+    """``cfg`` with the tuned baseline's hyperparameters (``RunDir.tuned``) in place of the configured ones."""
     return cfg if tuned is None else dataclasses.replace(cfg, inner={**cfg.inner, **tuned["hyperparameters"]})
 
 
 def from_dict(data: dict) -> RunConfig:
     # Runs saved before user experiments came through --config-dir recorded the folder as a setting.
     return build(RunConfig, {k: v for k, v in data.items() if k != "experiments_dir"})
-
-
-# --- a run directory's config.yaml --------------------------------------------------------------
-
-def save(cfg: RunConfig, run_dir: Path) -> None:
-    """Write ``RUN_DIR/config.yaml`` whole or not at all (a rename over the old one)."""
-    from metarl.checkpoints import atomic_write  # with JAX: only a run, which has loaded it, saves its config
-
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write(run_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.create(cfg.to_dict())))
-
-
-def read_saved(run_dir, field: Optional[str] = None) -> dict:
-    """A run directory's ``config.yaml`` as plain data, unchecked; ``ConfigError`` if it is missing or
-    is no YAML mapping, naming first the ``field`` (if any) that gave the directory."""
-    path = Path(run_dir) / CONFIG_FILE
-    where = f"{field}: {path}" if field else path
-    if not path.is_file():
-        raise ConfigError(f"{where}: missing; allowed: a metarl run directory (it holds {CONFIG_FILE})")
-    try:
-        data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception as err:  # YAML or OmegaConf: anything unreadable is the same error here
-        raise ConfigError(f"{where}: unreadable ({type(err).__name__}); allowed: the {CONFIG_FILE} a run "
-                          "wrote") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: not a mapping; allowed: the {CONFIG_FILE} a run wrote")
-    return data
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import sys
 import time
 import warnings
@@ -24,14 +23,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from metarl import checkpoints, compilation, kinds, results
-from metarl.cli import FIGURES, check_run_to_read, run_command
+from metarl.cli import check_run_to_read, run_command
+from metarl.rundir import DISTILL, RunDir
 from metarl.config import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
                                            VALUE_LOSS_INPUTS, Progress, apply_component, formula_function,
                                            parse_formula)
 from metarl.progress import progress
 
-DISTILL_JSON = "distill.json"
 FIGURE = "distill.png"
 QUANTILES = (0.005, 0.995)
 SIGNIFICANT_DIGITS = 4
@@ -291,7 +290,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
     ``ValueError``) naming the argument; a run directory that cannot be read, ``ConfigError`` or
     ``CheckpointError``."""
     from metarl import plots  # matplotlib and the run's modules: seconds that --help does without
-    from metarl.run import build_evolution
+    from metarl.search import build_evolution
 
     if generation != "best" and (isinstance(generation, str) or generation < 0):
         raise ConfigError(f"generation: {generation!r}; allowed: best, or a checkpointed generation number")
@@ -308,7 +307,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
                           f"{' or '.join(name for name, kind in kinds.KINDS.items() if kind.formula)} "
                           "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
     if generation == "best":
-        meta, info = checkpoints.read_best(run_dir, task.template)
+        meta, info = RunDir(run_dir).read_best(task.template)
     else:
         with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as ckpt:
             steps = sorted(ckpt.manager.all_steps())
@@ -327,9 +326,8 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
     report = {"run_dir": str(run_dir), "generation": info.get("generation"), "fitness": info.get("fitness"),
               "from": str(generation), **report}
     fig = distill_figure(task, meta, problem, report, visited)
-    report["figure"] = str(plots.save(fig, run_dir / FIGURES / FIGURE))
-    (run_dir / DISTILL_JSON).write_text(json.dumps(report, indent=2))
-    report["json"] = str(run_dir / DISTILL_JSON)
+    report["figure"] = str(plots.save(fig, RunDir(run_dir).figure(FIGURE)))
+    report["json"] = str(RunDir(run_dir).write_distill(report))
     report["seconds"] = round(time.perf_counter() - t, 2)
     return report
 
@@ -429,13 +427,14 @@ def format_report(report: dict) -> str:
 
 
 def load_formula(run_dir: Path, k: int) -> dict:
-    """Entry ``k`` of the run's distill.json; a bad ``k`` or a missing file: ``ConfigError``."""
-    path = Path(run_dir) / DISTILL_JSON
-    if not path.is_file():
-        raise ConfigError(f"distilled: {path} does not exist; allowed: after `python -m metarl.distill run_dir={run_dir}`")
-    front = json.loads(path.read_text())["front"]
+    """Entry ``k`` of the run's distilled front; a bad ``k`` or none: ``ConfigError``."""
+    report = RunDir(run_dir).distill()
+    if report is None:
+        raise ConfigError(f"distilled: {Path(run_dir) / DISTILL} does not exist; allowed: after "
+                          f"`python -m metarl.distill run_dir={run_dir}`")
+    front = report["front"]
     if not 0 <= k < len(front):
-        raise ConfigError(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {path})")
+        raise ConfigError(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {Path(run_dir) / DISTILL})")
     return front[k]
 
 

@@ -14,7 +14,6 @@ core (``num_cpu_devices=auto``, as a run's ``devices.num_cpu_devices``). docs/re
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from metarl.cli import FIGURES, check_run_to_read, run_command
-from metarl.config import ConfigError, read_tuned
+from metarl.cli import check_run_to_read, run_command
+from metarl.config import ConfigError
+from metarl.rundir import RunDir
 from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
@@ -84,7 +84,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
     Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task; else the run's own
     tasks followed by its held-out ``eval_tasks``."""
-    from metarl import checkpoints, results
+    from metarl import results
     from metarl.tasks import TaskSpec, default_name, task_specs
 
     def evaluated(cfg):
@@ -99,7 +99,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
                          {**base.inner, **timesteps}, "env", env_args)]
 
     cfg, task = results.load_run(run_dir, evaluated)
-    meta, info = checkpoints.read_best(run_dir, task.template)
+    meta, info = RunDir(run_dir).read_best(task.template)
     trained_keys = {_spec_key(s) for s in task_specs(cfg)}
     formula = None
     if distilled is not None:
@@ -110,7 +110,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
         formula = entry, build_task(dataclasses.replace(cfg, component=entry["component"]), task.specs)
     on_train = [_spec_key(s) in trained_keys for s in task.specs]
     configured = None
-    if read_tuned(run_dir) is not None:
+    if RunDir(run_dir).tuned() is not None:
         from metarl.tasks import build_task
 
         configured = build_task(results.load_config(run_dir, tuned=False), task.specs)
@@ -263,7 +263,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "picked": info.get("picked"),   # the final pick on fresh seeds ("top 2", "search mean"); None without one
         "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
         "normalized": f"(R - random policy) / ({'tuned ' if configured else ''}baseline mean - random policy), per task",
-        "tuned": read_tuned(run_dir),
+        "tuned": RunDir(run_dir).tuned(),
         "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
     }
     if formula:
@@ -282,16 +282,14 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         fig = plots.learning_curves_figure(
             frames, sides, f"{task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {num_seeds} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
-        row["figure"] = str(plots.save(fig, run_dir / FIGURES / name))
+        row["figure"] = str(plots.save(fig, RunDir(run_dir).figure(name)))
     if len(rows) > 1:
         fig = plots.task_scores_figure(rows, aggregates, learned_label, baseline_label,
                                        labels[2] if formula else None, configured_label)
-        report["figure"] = str(plots.save(fig, run_dir / FIGURES / f"evaluation{suffix}.png"))
+        report["figure"] = str(plots.save(fig, RunDir(run_dir).figure(f"evaluation{suffix}.png")))
     else:
         report["figure"] = rows[0]["figure"]
-    path = run_dir / f"evaluation{suffix}.json"
-    path.write_text(json.dumps(report, indent=2))
-    report["json"] = str(path)
+    report["json"] = str(RunDir(run_dir).write_evaluation(suffix, report))
     return report
 
 

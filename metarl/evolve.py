@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from metarl import config as config_lib
 from metarl.cli import _refuse_search_change, check_existing, fail
 from metarl.config import ConfigError
+from metarl.rundir import RunDir
 from metarl.runlock import unique_dir
 
 # What main() returns after a sweep: its exit code (set by the sweep's callback in this process).
@@ -53,7 +54,7 @@ def _resume(resume: str, hydra_cfg) -> tuple:
     given = [str(o) for o in hydra_cfg.overrides.task if str(o).split("=", 1)[0].lstrip("+~") != "resume"]
     config_lib.check_run_dir(resume, "resume")
     run_dir = Path(resume)
-    saved = config_lib.read_saved(run_dir, "resume")
+    saved = RunDir(run_dir).read_config("resume")
     merged = OmegaConf.create(saved)
     for override in OverridesParser.create().parse_overrides(given):
         key = override.key_or_group

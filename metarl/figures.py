@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metarl import checkpoints, plots, results, tasks
-from metarl.cli import FIGURES
+from metarl import plots, results, tasks
+from metarl.rundir import CheckpointError, RunDir
 from metarl.inner_loops.components import CLIPPED_SURROGATE, TEMPORAL_INPUTS, Progress, apply_component
 from metarl.inner_loops.trainer import num_updates
 from metarl.outer_loops.evolution import NOISE_THRESHOLD
@@ -136,11 +136,11 @@ def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple |
     ``ConfigError`` otherwise comes through)."""
     run_dir = Path(run_dir)
     cfg, task = loaded or results.load_run(run_dir)
-    out = run_dir / FIGURES
+    out = RunDir(run_dir).figures
     paths = fitness_plot(run_dir, cfg, out)
     try:
-        meta, info = checkpoints.read_best(run_dir, task.template)
-    except checkpoints.CheckpointError:
+        meta, info = RunDir(run_dir).read_best(task.template)
+    except CheckpointError:
         meta, info = None, None
     if meta is None and task.kind.seam is not None:
         print(f"note: {run_dir} has exported no best meta-parameters yet; no component plot", file=sys.stderr)

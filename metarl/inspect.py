@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from metarl.cli import FIGURES, run_command  # noqa: F401 (FIGURES: part of this module's API)
+from metarl.cli import run_command
 from metarl.config import ConfigError
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from statistics import median_high
 from typing import Callable, Optional
 
-from metarl.checkpoints import atomic_write
+from metarl.rundir import atomic_write
 from metarl.config import ConfigError, MlflowSection, flatten, show_value
 
 METRICS_FILE = "metrics.jsonl"

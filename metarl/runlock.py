@@ -13,7 +13,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-LOCK_FILE = ".lock"
+from metarl.rundir import RunDir
 
 
 class RunDirLocked(RuntimeError):
@@ -45,7 +45,7 @@ def acquire(run_dir: str | Path) -> RunLock:
     released when it is garbage-collected."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_FILE
+    path = RunDir(run_dir).lock
     lock = FileLock(path, timeout=0, thread_local=False)
     try:
         lock.acquire()

@@ -29,10 +29,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from metarl import config as config_lib
 from metarl import compilation, devices
-from metarl.checkpoints import atomic_write
+from metarl.rundir import RunDir, atomic_write
 from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
 from metarl.run import check, execute
-from metarl.logger import PARENT_RUN_ENV, MlflowRun, read_metrics
+from metarl.logger import PARENT_RUN_ENV, MlflowRun
 
 JOBS_DIR = "jobs"
 SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
@@ -125,7 +125,7 @@ def _write_json(path: Path, data) -> None:
 
 
 def _results(run_dir: Path) -> dict:
-    history = read_metrics(run_dir)
+    history = RunDir(run_dir).metrics()
     last = history[-1] if history else {}
     return {"generations": len(history), "best": last.get("best_so_far"), "last_mean": last.get("mean")}
 
@@ -175,7 +175,7 @@ def start(master) -> None:
     hydra_overrides = _hydra_overrides(master)
     sweep_dir = Path(str(master.hydra.sweep.dir))
     config_lib.check_run_dir(str(sweep_dir), "run_dir")
-    if (sweep_dir / config_lib.CONFIG_FILE).exists():
+    if RunDir(sweep_dir).has_config():
         fail(f"run_dir: {sweep_dir} holds a run, not a sweep; allowed: a new directory, or an earlier sweep's")
     compilation.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
     in_process = master.hydra.runtime.choices.get("hydra/launcher") == "basic"

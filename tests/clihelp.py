@@ -137,7 +137,7 @@ def final_state(run_dir):
 
     from metarl import checkpoints
     from metarl.results import load_config
-    from metarl.run import build_evolution
+    from metarl.search import build_evolution
 
     _, evo = build_evolution(load_config(run_dir), mesh=None)
     ckpt = checkpoints.Checkpointer(run_dir, write=False)

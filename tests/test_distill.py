@@ -12,10 +12,11 @@ import sympy
 from clihelp import TINY, evolve
 from test_inspect import check_image
 
-from metarl import distill, evaluate, inspect, results
+from metarl import distill, evaluate, results
 from metarl.inner_loops import plugins
 from metarl.config import ConfigError
 from metarl.run import check
+from metarl.rundir import DISTILL, FIGURES
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, VALUE_LOSS_INPUTS, FormulaDrift,
                                            FormulaValueLoss, Progress, parse_formula)
 from metarl.inner_loops.ppo import PPOConfig
@@ -97,7 +98,7 @@ def test_a_bad_formula_names_the_field(expression, words):
 def test_cli_front_figure_and_evaluate_with_the_formula(run, capsys):
     assert distill.main([f"run_dir={run}", *SMALL, "generation=1"]) == 0
     out = capsys.readouterr().out
-    report = json.loads((run / distill.DISTILL_JSON).read_text())
+    report = json.loads((run / DISTILL).read_text())
     assert report["generation"] == 1 and report["variables"] == ["error", "progress"]
     assert set(report["fixed"]) == {"log_updates"} and report["ranges"]["progress"] == [0.0, 1.0]
     front = report["front"]
@@ -108,7 +109,7 @@ def test_cli_front_figure_and_evaluate_with_the_formula(run, capsys):
         plugins.instantiate(f["component"]["_target_"], {"expression": f["component"]["expression"]},
                             "component._target_", "component.")
     # Temporal: three rows (0%, 50%, 100% of training) of loss and gradient.
-    check_image(run / inspect.FIGURES / distill.FIGURE, (1100, 1200))
+    check_image(run / FIGURES / distill.FIGURE, (1100, 1200))
 
     k = report["suggested"]
     assert evaluate.main([f"run_dir={run}", "num_seeds=2", f"distilled={k}"]) == 0
@@ -162,7 +163,7 @@ def test_refusals_are_one_line(run, tmp_path, capsys):
     for name in ("config.yaml", "best_meta_params.msgpack", "best_meta_params.json"):
         (copy / name).write_bytes((run / name).read_bytes())
     assert "distill.json does not exist" in _exit_2(evaluate.main, [f"run_dir={copy}", "distilled=0"], capsys)
-    (copy / distill.DISTILL_JSON).write_text(json.dumps({"front": [{"k": 0}, {"k": 1}]}))
+    (copy / DISTILL).write_text(json.dumps({"front": [{"k": 0}, {"k": 1}]}))
     assert "distilled: 99; allowed: 0 to 1" in _exit_2(evaluate.main, [f"run_dir={copy}", "distilled=99"], capsys)
     # Called as library functions, they raise (a user's own process goes on) with the same one line.
     with pytest.raises(ConfigError, match=r"^distilled: 99; allowed: 0 to 1"):

@@ -15,6 +15,7 @@ from clihelp import TINY, env_vars, evolve
 
 from metarl import config as config_lib
 from metarl.config import ConfigError
+from metarl.rundir import RunDir
 from metarl.inner_loops import envs
 from metarl.inner_loops.ppo import PPOConfig, make_train
 from metarl.tasks import inner_config, task_specs
@@ -44,7 +45,7 @@ def test_the_custom_env_example_runs_as_written_from_a_fresh_directory(tmp_path)
     # Two devices: corridor.py is imported from the directory the run started in.
     evolve([*example_command("metarl.evolve"), *TINY, "devices.num_cpu_devices=2",
             f"run_dir={run_dir}"], cwd=work, check=True)
-    saved = config_lib.read_saved(run_dir)
+    saved = RunDir(run_dir).read_config()
     assert saved["env"] == {"_target_": "corridor.Corridor", "length": 6}
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3  # es.generations=3, as written
     evaluate = run(["-m", "metarl.evaluate", *[f"run_dir={run_dir}" if a == "run_dir=RUN_DIR" else a

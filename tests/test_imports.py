@@ -62,3 +62,20 @@ def test_every_harness_module_imports_before_the_devices_are_set():
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_every_run_directory_file_is_named_by_rundir_alone():
+    # One owner of a run directory: a file's name appears as a string literal in metarl.rundir and
+    # nowhere else in the package (messages may mention a file by name in a longer text).
+    from metarl import rundir
+
+    names = {value for key, value in vars(rundir).items() if key.isupper() and isinstance(value, str)}
+    assert {"config.yaml", "metrics.jsonl", "tuned.json", "ckpt", "figures", ".lock", "mlflow_run.json"} <= names
+    import ast
+
+    for path in python_files():
+        if path == ROOT / "metarl" / "rundir.py":
+            continue
+        spelled = {node.value for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)} & names
+        assert not spelled, f"{path.relative_to(ROOT)} names run-directory files {sorted(spelled)}"

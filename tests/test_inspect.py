@@ -15,6 +15,7 @@ from PIL import Image
 from clihelp import TINY, env_vars, run_here, start_evolve
 
 from metarl import evaluate, inspect
+from metarl.rundir import FIGURES
 
 # figure -> (width, height) in pixels (figsize x 100 dpi)
 EXPECTED = {
@@ -58,17 +59,17 @@ def check_image(path: Path, size):
 def test_inspect_writes_every_figure(runs, kind, capsys):
     assert inspect.main([f"run_dir={runs[kind]}"]) == 0
     printed = capsys.readouterr().out.split()
-    expected = {runs[kind] / inspect.FIGURES / name for name in EXPECTED[kind]}
+    expected = {runs[kind] / FIGURES / name for name in EXPECTED[kind]}
     assert {Path(p) for p in printed} == expected
     for name, size in EXPECTED[kind].items():
-        check_image(runs[kind] / inspect.FIGURES / name, size)
+        check_image(runs[kind] / FIGURES / name, size)
 
 
 @pytest.mark.timeout(600)
 def test_inspect_on_a_copied_run(runs, tmp_path, capsys):
     """Checkpoints restored from the copy, not from where the run was made (the original is moved away)."""
     copy = tmp_path / "elsewhere" / "run"
-    shutil.copytree(runs["hyperparams"], copy, ignore=shutil.ignore_patterns(inspect.FIGURES))
+    shutil.copytree(runs["hyperparams"], copy, ignore=shutil.ignore_patterns(FIGURES))
     original = runs["hyperparams"].with_name("hyperparams-moved")
     runs["hyperparams"].rename(original)
     try:
@@ -76,9 +77,9 @@ def test_inspect_on_a_copied_run(runs, tmp_path, capsys):
     finally:
         original.rename(runs["hyperparams"])
     printed = [Path(p) for p in capsys.readouterr().out.split()]
-    assert printed and all(p.parent == copy / inspect.FIGURES for p in printed)
+    assert printed and all(p.parent == copy / FIGURES for p in printed)
     for name, size in EXPECTED["hyperparams"].items():
-        check_image(copy / inspect.FIGURES / name, size)
+        check_image(copy / FIGURES / name, size)
 
 
 @pytest.mark.timeout(120)
@@ -118,7 +119,7 @@ def evaluated_64(runs, tmp_path_factory):
     with contextlib.redirect_stdout(printed):
         assert evaluate.main([f"run_dir={run}", "num_seeds=4", "total_timesteps=64"]) == 0
     figure = tmp_path_factory.mktemp("evaluated_64") / "evaluation_64.png"
-    shutil.copy(run / inspect.FIGURES / "evaluation_64.png", figure)
+    shutil.copy(run / FIGURES / "evaluation_64.png", figure)
     return printed.getvalue(), json.loads((run / "evaluation_64.json").read_text()), figure
 
 
@@ -160,7 +161,7 @@ def test_evaluate_on_trained_and_held_out_tasks(runs, capsys):
     low, high = held["iqm_learned_ci95"]
     assert low <= held["iqm_learned"] <= high
     assert "IQM of normalised scores" in out and "P(learned > baseline)" in out
-    check_image(run / inspect.FIGURES / "evaluation.png", (1100, 420))
+    check_image(run / FIGURES / "evaluation.png", (1100, 420))
 
 
 @pytest.mark.timeout(600)

@@ -9,6 +9,7 @@ from flax import struct
 from metarl import config as config_lib
 from metarl import evaluate, figures, kinds, plots, results, run
 from metarl.config import ConfigError
+from metarl.rundir import RunDir
 from metarl.tasks import build_task, check_memory
 
 
@@ -87,8 +88,8 @@ def step_scale_kind():
 def test_a_kind_added_by_one_registration_runs_end_to_end(step_scale_kind, tmp_path):
     cfg = config_lib.from_dict({**RUN, "run_dir": str(tmp_path / "run")})
     run_dir = tmp_path / "run"
-    config_lib.save(cfg, run_dir)
-    summary = run.run_generations(cfg, run_dir, mesh=None)
+    RunDir(run_dir).write_config(cfg.to_dict())
+    summary = run.run(cfg, run_dir, mesh=None)
     assert summary["generations"] == 2
 
     paths = figures.write_figures(run_dir)

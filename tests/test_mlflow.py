@@ -12,6 +12,7 @@ from mlflow import MlflowClient
 
 from clihelp import TINY, env_vars, evolve, records, snapshot, start_evolve
 from metarl import config as config_lib
+from metarl.rundir import RunDir
 from metarl.logger import MLFLOW_RUN_FILE, MlflowRun, mlflow_store, read_metrics, scalars
 
 HP = [a for a in TINY if not a.startswith("component.")]
@@ -62,7 +63,7 @@ def test_run_logs_config_metrics_figures_and_best_files(sweep):
     assert json.loads((run_dir / MLFLOW_RUN_FILE).read_text())["run_id"] == run.info.run_id
     assert run.data.tags["study"] == "tiny" and run.data.tags["metarl.run_dir"] == str(run_dir)
 
-    saved = config_lib.flatten(config_lib.read_saved(run_dir))
+    saved = config_lib.flatten(RunDir(run_dir).read_config())
     assert run.data.params == {k: config_lib.show_value(v) for k, v in saved.items()}
     assert run.data.params["es.popsize"] == "4" and run.data.params["inner.hidden"] == "[8]"
 

@@ -5,7 +5,7 @@ import pytest
 
 from metarl import config as config_lib
 from metarl.config import ConfigError
-from metarl.run import build_evolution
+from metarl.search import build_evolution
 from metarl.tasks import build_task
 
 TOY_TRAINER = {

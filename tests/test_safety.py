@@ -15,7 +15,8 @@ import pytest
 
 from clihelp import TINY, env_vars, evolve, snapshot
 from metarl import runlock
-from metarl.logger import Logger, read_metrics, truncate_metrics
+from metarl.logger import Logger
+from metarl.rundir import RunDir
 
 HOLD = ("import sys, time\n"
         "from metarl import runlock\n"
@@ -44,7 +45,7 @@ def test_lock_names_its_holder_and_is_released_by_sigkill(tmp_path):
     # The kernel dropped the lock with the killed process: no stale lock to clean up.
     lock = runlock.acquire(run_dir)
     try:
-        assert f"pid {os.getpid()} " in (run_dir / runlock.LOCK_FILE).read_text()
+        assert f"pid {os.getpid()} " in RunDir(run_dir).lock.read_text()
     finally:
         lock.release()
 
@@ -83,8 +84,8 @@ def test_metrics_jsonl_holds_no_nan_or_infinity(tmp_path):
     assert rows[0]["best"] is None and rows[0]["mean"] is None and rows[0]["fps"] is None
     assert rows[0]["fitness"] == [1.0, None, None] and rows[0]["search"]["mean"]["lr"] is None
     assert rows[1]["best"] == 2.0
-    truncate_metrics(tmp_path, 1)  # the rewrite on resume is strict JSON as well
-    assert _strict((tmp_path / "metrics.jsonl").read_text()) == rows[:1] == read_metrics(tmp_path)
+    RunDir(tmp_path).truncate_metrics(1)  # the rewrite on resume is strict JSON as well
+    assert _strict((tmp_path / "metrics.jsonl").read_text()) == rows[:1] == RunDir(tmp_path).metrics()
     assert not any(isinstance(v, float) and not math.isfinite(v) for v in rows[0].values())
 
 
@@ -106,11 +107,11 @@ def test_config_ranges_in_process(override, message):
 def test_every_shipped_experiment_builds_its_tasks_held_out_tasks_and_tuning(name):
     # Composing, checking and building everything up to compilation: a shipped file that a refactor
     # broke fails here in seconds, not after a GPU run has started.
-    from metarl import config, run, tasks
+    from metarl import config, stages, tasks
 
     cfg = config.load(name)
     task = tasks.build_task(cfg)
     assert task.template is not None
     if cfg.eval_tasks:
         tasks.build_task(cfg, tasks.task_specs(cfg, "eval_tasks"))
-    run.check_tuning(cfg)   # builds the tuning search and checks its budget
+    stages.check_tuning(cfg)   # builds the tuning search and checks its budget

@@ -168,7 +168,7 @@ def test_a_run_with_the_baseline_as_control(tmp_path):
     assert proc.stdout.count("the search is noise-dominated") == int(noisy), proc.stdout
 
     from metarl.results import load_run
-    from metarl.run import build_evolution
+    from metarl.search import build_evolution
 
     cfg, task = load_run(run_dir)
     _, evo = build_evolution(cfg, task=task, mesh=None)

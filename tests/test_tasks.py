@@ -8,7 +8,7 @@ import pytest
 
 from clihelp import TINY, evolve, run_here, final_state, records, start_and_kill_after
 
-from metarl import run
+from metarl import stages
 from metarl.outer_loops.fitness import degenerate, make_aggregate, normalize
 from metarl.config import ConfigError, experiment_names, load
 from metarl.outer_loops.evolution import ESConfig, Evolution
@@ -35,9 +35,9 @@ def test_normalisation_maps_the_baseline_to_one_and_random_play_to_zero():
 def test_a_reference_without_intervals_still_reads():
     """Runs measured before the intervals were stored hold means only; they print and score as before."""
     old = {"tasks": ["a"], "base": [500.0], "low": [20.0], "num_seeds": 2, "seed": 0}
-    assert run.describe(old) == "a baseline 500.00, random 20.00 (over 2 seeds)"
+    assert stages.describe(old) == "a baseline 500.00, random 20.00 (over 2 seeds)"
     new = {**old, "base_ci": [[488.0, 512.0]], "low_ci": [[19.0, 21.0]]}
-    assert run.describe(new) == "a baseline 500.00 [488.00, 512.00] (+-2.5% of the gap), random 20.00 (over 2 seeds)"
+    assert stages.describe(new) == "a baseline 500.00 [488.00, 512.00] (+-2.5% of the gap), random 20.00 (over 2 seeds)"
     np.testing.assert_array_equal(normalize(np.array([[260.0]]), old), [[0.5]])
     with pytest.raises(ConfigError, match="^fitness.reference_seeds: 1; allowed: an integer >= 2"):
         load("value_loss", ["fitness.reference_seeds=1"])
@@ -49,13 +49,13 @@ def test_reference_intervals_shrink_with_seeds_and_each_task_trains_from_the_mem
     task_cfg = load("value_loss", [*tiny, "inner.total_timesteps=512", "fitness.statistic=final",
                                    "tasks=[CartPole-v1,{env: CartPole-v1, inner: {total_timesteps: 256}}]"])
     task = build_task(task_cfg)
-    few = run.measure_reference(task, 3, 3)
-    many = run.measure_reference(build_task(task_cfg, task.specs[:1]), 3, 24)  # one task: fewer compilations
+    few = stages.measure_reference(task, 3, 3)
+    many = stages.measure_reference(build_task(task_cfg, task.specs[:1]), 3, 24)  # one task: fewer compilations
     for name in ("base", "low"):
         (lo3, hi3), (lo24, hi24) = few[name + "_ci"][0], many[name + "_ci"][0]
         assert lo3 <= few[name][0] <= hi3 and 0 < hi24 - lo24 < hi3 - lo3
     # Task i's baseline trains from outer_loops.fitness.task_key(key, i), as the control (and a member) does.
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(3), run._BASE_STREAM), 3)
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(3), stages._BASE_STREAM), 3)
     control = np.asarray(jax.jit(jax.vmap(task.control_fn))(keys))
     np.testing.assert_allclose(few["base"], control.mean(axis=0), rtol=1e-5)
     assert control[:, 0].tolist() != control[:, 1].tolist()
@@ -168,7 +168,7 @@ def test_two_task_run_writes_per_task_fitness_and_its_reference(straight):
     reference = json.loads((straight / "reference.json").read_text())
     assert reference["tasks"] == names and len(reference["base"]) == len(reference["low"]) == 2
     assert reference["num_seeds"] == 32  # fitness.reference_seeds, not fitness.num_seeds
-    assert run.describe(reference) in (straight.parent / "stdout.txt").read_text()  # printed at the start
+    assert stages.describe(reference) in (straight.parent / "stdout.txt").read_text()  # printed at the start
     for name in ("base", "low"):
         for mean, (low, high) in zip(reference[name], reference[name + "_ci"]):
             assert low <= mean <= high

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from clihelp import TINY, evolve, start_and_kill_after
+from metarl.rundir import RunDir
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -34,7 +35,8 @@ def tuned_run(tmp_path_factory):
 def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     from metarl import evaluate, results
     from metarl.outer_loops.fitness import make_aggregate
-    from metarl.run import REFERENCE_FILE, build_evolution
+    from metarl.rundir import RunDir
+    from metarl.search import build_evolution
 
     run_dir, output = tuned_run
     tuned = json.loads((run_dir / "tuned.json").read_text())
@@ -50,7 +52,7 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     assert task.inner_config.lr == pytest.approx(values["lr"]) and task.inner_config.ent_coef == pytest.approx(
         values["ent_coef"])
     assert results.load_config(run_dir, tuned=False).inner.get("lr") == 2.5e-4
-    reference = json.loads((run_dir / REFERENCE_FILE).read_text())
+    reference = RunDir(run_dir).reference()
     assert reference["tuned"] == values
     # The live control of generation 1 is the tuned PPO on that generation's seeds.
     _, evo = build_evolution(cfg, task, mesh=None, reference=reference)
@@ -78,8 +80,6 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
 
 
 def test_the_final_pick_is_exported_with_what_it_was_picked_from(tuned_run):
-    from metarl import checkpoints
-
     run_dir, _ = tuned_run
     for where in (run_dir, run_dir / "tune"):  # the search's pick and the tuning's
         validation = json.loads((where / "validation.json").read_text())
@@ -87,7 +87,7 @@ def test_the_final_pick_is_exported_with_what_it_was_picked_from(tuned_run):
         assert labels[-1] == "search mean" and 2 <= len(labels) <= 3 and validation["seeds"] == 4
         scores = [c["validation_fitness"] for c in validation["candidates"]]
         assert validation["picked"] == labels[int(np.argmax(scores))]
-        _, info = checkpoints.read_best(where)
+        _, info = RunDir(where).read_best()
         assert info["picked"] == validation["picked"] and info["validation_fitness"] == max(scores)
     tuned = json.loads((run_dir / "tuned.json").read_text())
     assert tuned["picked"] == json.loads((run_dir / "tune" / "validation.json").read_text())["picked"]

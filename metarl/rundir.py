@@ -1,0 +1,250 @@
+"""A run directory: every file a run leaves there, its name and its format, in one place. The rest of
+metarl asks a ``RunDir`` for a path or a file's contents and never spells a file name (a test checks).
+
+    config.yaml                the resolved config; ``resume=RUN_DIR`` continues from it
+    metrics.jsonl              one strict-JSON record per generation
+    reference.json             the reference returns a normalised fitness scores against
+    tuned.json                 the tuned baseline (``baseline.tune``); its search runs in ``tune/``
+    validation.json            the final pick on fresh seeds
+    best_meta_params.msgpack   the exported meta-parameters (flax msgpack) and, in ``.json``, what they are
+    ckpt/                      Orbax checkpoints of the outer state
+    figures/                   inspect's, evaluate's and distill's figures
+    evaluation[SUFFIX].json    ``metarl.evaluate``'s report, a suffix per setting
+    distill.json               ``metarl.distill``'s front of formulas
+    mlflow_run.json            the MLflow run the directory logs to (a run's, or a sweep's)
+    wandb/                     the wandb run
+    .lock                      the directory's lock (``metarl.runlock``)
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from metarl.config import ConfigError
+
+CONFIG, METRICS, REFERENCE, TUNED, VALIDATION = ("config.yaml", "metrics.jsonl", "reference.json", "tuned.json",
+                                                 "validation.json")
+BEST_PARAMS, BEST_INFO, DISTILL, MLFLOW_RUN = ("best_meta_params.msgpack", "best_meta_params.json", "distill.json",
+                                               "mlflow_run.json")
+CKPT, FIGURES, TUNE, LOCK = "ckpt", "figures", "tune", ".lock"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or an exported file that cannot be read; the message names it."""
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> None:
+    """Write ``path`` whole or not at all: a file of this process beside it, renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def to_json_line(record: dict) -> str:
+    """``record`` as one line of JSON, every NaN or infinity as null: JSON has no token for them (Python's
+    json writes ``NaN``, which strict readers refuse)."""
+    return json.dumps(json.loads(json.dumps(record), parse_constant=lambda constant: None)) + "\n"
+
+
+class RunDir(os.PathLike):
+    """The directory at ``path`` (a ``PathLike``: ``Path(run_dir)`` is its path)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    # --- where things are --------------------------------------------------------------------------
+
+    @property
+    def ckpt(self) -> Path:
+        return self.path / CKPT
+
+    @property
+    def figures(self) -> Path:
+        return self.path / FIGURES
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK
+
+    @property
+    def tune(self) -> "RunDir":
+        """The tuning search's own run directory."""
+        return RunDir(self.path / TUNE)
+
+    def figure(self, name: str) -> Path:
+        return self.figures / name
+
+    def evaluation(self, suffix: str = "") -> Path:
+        return self.path / f"evaluation{suffix}.json"
+
+    @property
+    def best_files(self) -> list[Path]:
+        """The exported meta-parameters' files, where both exist (else none)."""
+        files = [self.path / BEST_PARAMS, self.path / BEST_INFO]
+        return files if all(f.exists() for f in files) else []
+
+    def has_config(self) -> bool:
+        return (self.path / CONFIG).is_file()
+
+    def require_run(self) -> None:
+        """``ConfigError`` unless this is a run's directory."""
+        if not self.path.is_dir():
+            raise ConfigError(f"{self.path}: no such directory")
+        if not self.has_config():
+            raise ConfigError(f"{self.path}: not a metarl run directory (no {CONFIG})")
+
+    def started(self) -> bool:
+        """Whether the directory holds anything besides what is there before a run starts: the lock
+        file, and what Hydra may write into a sweep job's directory first (``.hydra/``, the ``.log``)."""
+        return self.path.is_dir() and any(not (p.name.startswith(".") or p.name.endswith(".log"))
+                                          for p in self.path.iterdir())
+
+    def fingerprint(self) -> tuple:
+        """What another run could have changed between our read-only checks and taking the lock."""
+        def stamp(path):
+            try:
+                return path.stat().st_mtime_ns
+            except OSError:
+                return None
+
+        steps = sorted(p.name for p in self.ckpt.iterdir()) if self.ckpt.is_dir() else []
+        return stamp(self.path / CONFIG), stamp(self.path / METRICS), steps
+
+    # --- config.yaml -------------------------------------------------------------------------------
+
+    def write_config(self, data: dict) -> None:
+        """Write ``config.yaml`` whole or not at all, making the directory if needed."""
+        from omegaconf import OmegaConf
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path / CONFIG, OmegaConf.to_yaml(OmegaConf.create(data)))
+
+    def read_config(self, field: Optional[str] = None) -> dict:
+        """``config.yaml`` as plain data, unchecked; ``ConfigError`` if it is missing, empty or no YAML
+        mapping, naming first the ``field`` (if any) that gave the directory."""
+        from omegaconf import OmegaConf
+
+        path = self.path / CONFIG
+        where = f"{field}: {path}" if field else path
+        if not path.is_file():
+            raise ConfigError(f"{where}: missing; allowed: a metarl run directory (it holds {CONFIG})")
+        try:
+            data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        except Exception as err:  # YAML or OmegaConf: anything unreadable is the same error here
+            raise ConfigError(f"{where}: unreadable ({type(err).__name__}); allowed: the {CONFIG} a run "
+                              "wrote") from None
+        if not isinstance(data, dict) or not data:
+            raise ConfigError(f"{where}: {'empty' if not data else 'not a mapping'}; allowed: the {CONFIG} a "
+                              "run wrote")
+        return data
+
+    # --- metrics.jsonl -----------------------------------------------------------------------------
+
+    def metrics(self) -> list[dict]:
+        """The records, up to a line cut by a kill mid-write."""
+        path = self.path / METRICS
+        records = []
+        for line in filter(str.strip, path.read_text().splitlines() if path.exists() else []):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return records
+
+    def append_metrics(self, record: dict) -> None:
+        with open(self.path / METRICS, "a") as f:
+            f.write(to_json_line(record))
+
+    def truncate_metrics(self, generations_done: int) -> None:
+        """Keep the records of the first ``generations_done`` generations: a resumed run recomputes the
+        rest, so each generation appears exactly once."""
+        if (self.path / METRICS).exists():
+            kept = [r for r in self.metrics() if r.get("generation", 0) <= generations_done]
+            atomic_write(self.path / METRICS, "".join(to_json_line(r) for r in kept))
+
+    # --- the JSON files ----------------------------------------------------------------------------
+
+    def _read(self, name: str) -> Optional[dict]:
+        path = self.path / name
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def _write(self, name: str, data: Any, indent: int = 2) -> Path:
+        atomic_write(self.path / name, json.dumps(data, indent=indent, default=float) + "\n")
+        return self.path / name
+
+    def reference(self) -> Optional[dict]:
+        return self._read(REFERENCE)
+
+    def write_reference(self, reference: dict) -> None:
+        self._write(REFERENCE, reference)
+
+    def tuned(self) -> Optional[dict]:
+        """The tuned baseline (None where the run tunes none, or has not yet)."""
+        return self._read(TUNED) if (self.path / TUNED).is_file() else None
+
+    def write_tuned(self, tuned: dict) -> None:
+        self._write(TUNED, tuned)
+
+    def write_validation(self, report: dict) -> None:
+        self._write(VALIDATION, report)
+
+    def distill(self) -> Optional[dict]:
+        return self._read(DISTILL)
+
+    def write_distill(self, report: dict) -> Path:
+        return self._write(DISTILL, report)
+
+    def write_evaluation(self, suffix: str, report: dict) -> Path:
+        path = self.evaluation(suffix)
+        atomic_write(path, json.dumps(report, indent=2))
+        return path
+
+    def mlflow_run(self) -> dict:
+        """``{tracking_uri, run_id}`` of the MLflow run this directory logs to ({} before the first)."""
+        return self._read(MLFLOW_RUN) or {}
+
+    def write_mlflow_run(self, record: dict) -> None:
+        self._write(MLFLOW_RUN, record, indent=1)
+
+    # --- the exported meta-parameters --------------------------------------------------------------
+
+    def write_best(self, meta_params: Any, info: dict) -> None:
+        """The meta-parameters (flax msgpack) and what is needed to use them (JSON): while the search
+        runs, its best member so far; after a pick on fresh seeds, the pick (``info["picked"]``)."""
+        import jax
+        import numpy as np
+        from flax import serialization
+
+        atomic_write(self.path / BEST_PARAMS, serialization.msgpack_serialize(
+            jax.tree.map(np.asarray, jax.device_get(meta_params))))
+        atomic_write(self.path / BEST_INFO, json.dumps(info, indent=2, default=float))
+
+    def read_best(self, template: Any = None) -> tuple[Any, dict]:
+        """``(meta_params, info)``: the meta-parameters in the structure of ``template`` (the task's), or
+        without one as a nested dict of numpy arrays; ``CheckpointError`` if there are none."""
+        from flax import serialization
+
+        if not (self.path / BEST_PARAMS).exists():
+            raise CheckpointError(f"{self.path / BEST_PARAMS}: no exported meta-parameters")
+        params = serialization.msgpack_restore((self.path / BEST_PARAMS).read_bytes())
+        info = json.loads((self.path / BEST_INFO).read_text())
+        return (params if template is None else serialization.from_state_dict(template, params)), info

@@ -1,0 +1,178 @@
+"""The search stage: the generation loop over a built task and evolution. It evolves, reports,
+checkpoints and stops cleanly on SIGINT/SIGTERM/SIGHUP; building, tuning, scoring references and the
+final pick are other stages' (``metarl.stages``), and the order of them all is ``metarl.run``'s.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import time
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from metarl import checkpoints, compilation, devices
+from metarl.cli import stop_signals_to
+from metarl.config import RunConfig
+from metarl.progress import progress
+from metarl.rundir import RunDir
+from metarl.tasks import Task, build_task
+from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
+from metarl.outer_loops.fitness import make_aggregate
+
+
+@dataclasses.dataclass
+class Restored:
+    """Where a search starts: the evolution state and the generations done (0 and [] for a new run)."""
+    state: Any
+    start: int
+    history: list
+
+
+@dataclasses.dataclass
+class Searched:
+    """What the generation loop leaves: the final state and every generation's record."""
+    state: Any
+    history: list
+    start: int
+    compile_seconds: float
+    best_so_far: float
+
+    def summary(self) -> dict:
+        fps = [r["fps"] for r in self.history[self.start:]]
+        return {"generations": len(self.history), "compile_seconds": self.compile_seconds,
+                "first_mean": self.history[0]["mean"] if self.history else None,
+                "last_mean": self.history[-1]["mean"] if self.history else None,
+                "best_so_far": self.best_so_far, "median_fps": float(np.median(fps)) if fps else None}
+
+
+class Interrupted(Exception):
+    """Raised after a clean save when SIGINT, SIGTERM or SIGHUP arrived."""
+    def __init__(self, signum: int, generation: int):
+        self.signum, self.generation = signum, generation
+        super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
+
+
+def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", reference: Optional[dict] = None):
+    """``(task, evolution)``; ``reference`` holds the per-task baseline and random returns that
+    ``fitness.normalize=baseline`` scores against (None: raw returns)."""
+    task = task or build_task(cfg)
+    if mesh == "auto":
+        mesh = devices.run_mesh(cfg)
+    evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
+                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
+                    describe_search=task.describe_search,
+                    aggregate=make_aggregate(reference, cfg.fitness.aggregate),
+                    control_fn=task.control_fn if cfg.fitness.control != "none" else None,
+                    paired=cfg.fitness.control == "paired", keep_top=max(1, cfg.fitness.validation_top))
+    return task, evo
+
+
+def restore(cfg: RunConfig, run_dir: RunDir, evo: Evolution) -> Restored:
+    """The latest checkpoint's state, or a new one, writing nothing: a checkpoint that cannot be read
+    raises ``CheckpointError`` before the caller has touched the run directory. The state's shapes do
+    not depend on tuned values or reference returns, so any evolution of the run's search restores it."""
+    state = evo.init(jax.random.key(cfg.seed))
+    with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as reader:
+        step = reader.latest_step()  # None without a checkpoint directory, which a reader does not create
+        if step is None:
+            return Restored(state, 0, [])
+        state, meta = reader.restore(state, step)
+    start = int(meta["generation"])
+    return Restored(state, start, list(meta["history"])[:start])
+
+
+def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[float]) -> dict:
+    """What is exported beside the meta-parameters (``RunDir.write_best``)."""
+    return {"experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
+            "tasks": task.names, "component": cfg.component, "inner": cfg.inner, "generation": generation,
+            "fitness": fitness, "seed": cfg.seed}
+
+
+def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored: Restored, logger,
+           shown: bool, config: dict) -> Searched:
+    """Run (or continue) the generations ``cfg`` asks for from ``restored``: one compiled generation
+    per loop, its record logged, the best member so far exported, a checkpoint every
+    ``checkpoint.every`` generations and at the end. A stop signal ends it after the generation in
+    flight, with a checkpoint (``Interrupted``). ``config``: the run's config as saved, which each
+    checkpoint keeps."""
+    is_main = jax.process_index() == 0
+    history, start = list(restored.history), restored.start
+    ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
+    # A global, fully replicated state on the mesh: what the compiled generation takes and returns.
+    state = devices.replicate(restored.state, evo.mesh)
+    if is_main:
+        run_dir.truncate_metrics(start)
+    # The control (fitness.control) trains on the same seeds as one more member.
+    frames_per_gen = (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds * task.frames_per_eval
+    if start:
+        logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
+    if ckpt.removed_incomplete:
+        logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
+
+    t0 = time.perf_counter()
+    with progress("compiling the generation", enabled=shown):
+        step = compilation.compile_program(evo.step, state)  # one compilation per run, timed on its own
+    compile_s = time.perf_counter() - t0
+    devices.barrier("compiled")  # processes compile at different speeds; the first collective waits 30 s
+    logger.message(f"compiled the generation in {compile_s:.1f} s; {frames_per_gen:,} frames per generation "
+                   f"on {evo.mesh.size if evo.mesh else 1} device(s)")
+    best_so_far = float(state.best_fitness)
+    if cfg.fitness.num_seeds == 1:
+        logger.message("note: fitness.num_seeds=1 measures no seed noise: signal_within, seed_noise, signal and "
+                       "update_signal are recorded as null (docs/signal.md); fitness.num_seeds >= 2 measures them")
+    received = []  # the stop signals this process got, read between generations (a generation is one XLA call)
+
+    def on_stop(signum, frame):
+        if received:  # a second signal: stop now
+            raise KeyboardInterrupt
+        received.append(signum)
+
+    with stop_signals_to(on_stop):
+        for done in range(start + 1, cfg.es.generations + 1):
+            t = time.perf_counter()
+            with progress(f"generation {done}/{cfg.es.generations}", enabled=shown):
+                state, stats = step(state)
+                stats = jax.device_get(stats)
+            record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)
+            history.append(record)
+            logger.log(record)
+            warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations))
+            if warning:
+                logger.message(warning)
+            if record["best_so_far"] > best_so_far and is_main:
+                best_so_far = record["best_so_far"]
+                run_dir.write_best(state.best_params, best_info(cfg, task, record["generation"], best_so_far))
+            # Processes receive a signal at different moments; all stop after the same generation. The
+            # agreed signal is kept apart from the one received here, which may come after the agreement
+            # and must not count as a second signal.
+            signum = devices.agree(received[0] if received else 0, f"stop/{done}")
+            if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or signum:
+                devices.assert_same_everywhere(state)
+                ckpt.save(done, state, history, config)
+            if signum:
+                ckpt.close()
+                logger.finish(stopped=True)
+                raise Interrupted(signum, done)
+    ckpt.close()
+    return Searched(state, history, start, compile_s, best_so_far)
+
+
+def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:
+    record = {}
+    for k, v in stats.items():
+        if k == "tasks":  # per task: {name: {raw_mean, score_mean, raw_best, score_best}}
+            record[k] = {name: {stat: float(np.asarray(values)[i]) for stat, values in v.items()}
+                         for i, name in enumerate(task_names)}
+        elif isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
+            record[k] = jax.tree.map(float, v)
+        else:
+            v = np.asarray(v)
+            record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
+            if k in SIGNAL_FIELDS and not np.isfinite(record[k]):  # not measured (one seed): null, not NaN
+                record[k] = None
+    record["seconds"] = seconds
+    record["fps"] = frames_per_gen / seconds if seconds > 0 else float("nan")
+    return record

@@ -1,0 +1,291 @@
+"""The stages of a run besides the generation loop (``metarl.search``), each reading its inputs and
+writing its own file of the run directory: the tuned baseline (``tune``: tuned.json, its search in
+tune/), the reference returns a normalised fitness scores against (``reference``: reference.json,
+measured once, so a resumed run scores exactly as before) and the final pick on fresh seeds (``pick``:
+validation.json and the exported meta-parameters). ``metarl.run`` runs them in order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import numpy as np
+
+from metarl import compilation, devices
+from metarl import config as config_lib
+from metarl.config import ConfigError, RunConfig
+from metarl.logger import Logger, say
+from metarl.progress import progress
+from metarl.rundir import RunDir
+from metarl.search import Restored, Searched, best_info, build_evolution, restore, search
+from metarl.stats import t_interval
+from metarl.tasks import Task, build_task, task_specs
+from metarl.inner_loops.envs import random_policy_return
+from metarl.outer_loops.evolution import Evolution
+from metarl.outer_loops.fitness import degenerate, spans, task_key
+
+# Streams of the run's seed for the reference measurements and the final pick; evolution splits
+# key(seed) itself, so folding in a constant gives keys it never uses.
+_BASE_STREAM, _LOW_STREAM, _VALIDATION_STREAM = 0x5EED_BA5E, 0x5EED_0001, 0x5EED_0002
+# The tuning search's seed: the run's, with these bits flipped (never the run's own).
+_TUNING_SEED_BITS = 0x7E57_5EED
+
+
+@dataclasses.dataclass
+class Outcome:
+    """A search with its reference and pick: what ``search_and_pick`` leaves."""
+    task: Task
+    searched: Searched
+    picked: Optional[dict]   # validation.json's report (None without fitness.validation_top)
+
+
+def make_logger(cfg: RunConfig, run_dir: RunDir, task: Task, config: dict) -> Logger:
+    """The run's trackers (``logger.*``) on process 0; ``config``: the run's config as saved."""
+    return Logger(run_dir.path, config, cfg.es.generations, progress=cfg.logger.progress,
+                  wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=jax.process_index() == 0,
+                  task_names=task.names, mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
+
+
+def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Restored, mesh: Any, logger: Logger,
+                    shown: bool, config: dict, tuned: Optional[dict] = None) -> Outcome:
+    """The reference, the search and the pick on one run directory (a run's, or its tuning's), the
+    evolution built once, scoring against the reference."""
+    reference_returns = reference(cfg, task, run_dir, logger.message, shown, tuned and tuned["hyperparameters"])
+    _, evo = build_evolution(cfg, task, mesh, reference_returns)
+    searched = search(cfg, run_dir, task, evo, restored, logger, shown, config)
+    picked = pick(cfg, task, evo, searched.state, run_dir, shown, logger.message) if cfg.fitness.validation_top else None
+    devices.barrier("finished")
+    return Outcome(task, searched, picked)
+
+
+# --- the reference returns ---------------------------------------------------------------------------
+
+def normalization(cfg, num_tasks: int) -> str:
+    """The run's normalisation: as configured, else ``baseline`` with several tasks, ``none`` with one."""
+    if cfg.fitness.normalize is not None:
+        return cfg.fitness.normalize
+    return "baseline" if num_tasks > 1 else "none"
+
+
+def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown: bool = False,
+              tuned: Optional[dict] = None) -> Optional[dict]:
+    """The reference a run normalises against (None without ``normalize=baseline``): the one stored in
+    its directory for these tasks and this baseline, or measured now (and stored by process 0;
+    ``shown``: with a progress bar), then described through ``message``. ``tuned``: the tuned
+    baseline's hyperparameters, which ``task``'s baseline trains with."""
+    if normalization(cfg, len(task.specs)) != "baseline":
+        return None
+    stored = run_dir.reference()
+    if stored is None or stored.get("tasks") != list(task.names) or stored.get("tuned") != tuned:
+        t = time.perf_counter()
+        with progress("measuring the reference returns", total=2 * len(task.specs), enabled=shown) as bar:
+            stored = measure_reference(task, cfg.seed, cfg.fitness.reference_seeds, bar.update)
+        stored["tuned"] = tuned
+        if jax.process_index() == 0:
+            run_dir.write_reference(stored)
+        message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
+    message(f"normalised fitness = (R - random) / ({'tuned ' if tuned else ''}baseline - random), with 95% intervals: "
+            + describe(stored))
+    bad = degenerate(stored)
+    if bad:
+        message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this budget, so its "
+                "normalised score has no scale there (the gap's size is used)")
+    return stored
+
+
+def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], Any] = lambda: None) -> dict:
+    """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds, with its
+    95% t-interval (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from
+    ``fitness.task_key(key, i)`` of each seed key, as a member and the control do. ``measured`` is
+    called after each of the ``2 * tasks`` measurements."""
+    root = jax.random.key(seed)
+    base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
+    low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
+    stored = {"tasks": task.names, "base": [], "low": [], "base_ci": [], "low_ci": [], "num_seeds": num_seeds,
+              "seed": seed}
+    for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):
+        baseline = jax.jit(jax.vmap(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"]))
+        random_play = jax.jit(jax.vmap(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
+                                                                                   spec.env_args or ())))
+        for name, program, keys in (("base", baseline, base_keys), ("low", random_play, low_keys)):
+            values = np.asarray(compilation.compile_program(program, keys)(keys), np.float64)
+            values = np.asarray(task.statistic(values)) if name == "base" else values
+            stored[name].append(float(values.mean()))
+            stored[name + "_ci"].append([float(b) for b in t_interval(values)])
+            measured()
+    return stored
+
+
+def describe(reference: dict) -> str:
+    """The reference returns in one line: each baseline's with its 95% interval and the interval's half-width
+    in percent of the task's baseline-random gap, where the reference has intervals (older runs' have none)."""
+    ci = reference.get("base_ci")
+    return "; ".join(
+        f"{name} baseline {base:.2f}" + (f" [{ci[i][0]:.2f}, {ci[i][1]:.2f}] (+-{50 * (ci[i][1] - ci[i][0]) / gap:.1f}%"
+                                         " of the gap)" if ci else "") + f", random {low:.2f}"
+        for i, (name, base, low, gap) in enumerate(zip(reference["tasks"], reference["base"], reference["low"],
+                                                       spans(reference)))) + f" (over {reference['num_seeds']} seeds)"
+
+
+# --- the tuned baseline ------------------------------------------------------------------------------
+
+def tuning_config(cfg: RunConfig, run_dir: RunDir) -> RunConfig:
+    """The search that tunes ``cfg``'s baseline (``baseline.tune``): kind hyperparams over those
+    hyperparameters, starting at the configured values, with the run's tasks, fitness and search
+    settings (``baseline.es`` differing, ``baseline.generations`` long), on a seed of its own, in
+    the tuning's directory, reporting to the console and its metrics only."""
+    b = cfg.baseline
+    es = dataclasses.replace(cfg.es, generations=b.generations or cfg.es.generations, init_mean="init")
+    es = config_lib.build(config_lib.ESSection, {**config_lib.to_dict(es), **b.es}, "baseline.es.")
+    logger = dataclasses.replace(cfg.logger, wandb=config_lib.WandbSection(), mlflow=config_lib.MlflowSection())
+    return dataclasses.replace(cfg, component={"kind": "hyperparams", "search": dict(b.tune)}, es=es, logger=logger,
+                               seed=cfg.seed ^ _TUNING_SEED_BITS, run_dir=str(RunDir(run_dir).tune),
+                               baseline=config_lib.BaselineSection())
+
+
+def trainings(cfg: RunConfig) -> int:
+    """The agents a search trains: members and control, per seed, per generation."""
+    return (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds * cfg.es.generations
+
+
+def check_tuning(cfg: RunConfig) -> None:
+    """``baseline``'s settings: a tuning search that builds, is no smaller than the search, and whose
+    values no task overrides (``ConfigError``)."""
+    if not cfg.baseline.tune:
+        return
+    if cfg.component.get("kind") == "hyperparams":
+        raise ConfigError("baseline.tune: set for a search of kind hyperparams, which is itself a tuning; allowed: "
+                          "{} (empty) for kind hyperparams")
+    for field in ("tasks", "eval_tasks"):
+        for i, item in enumerate(getattr(cfg, field) or []):
+            for key in set(item.get("inner", {}) if isinstance(item, dict) else ()) & set(cfg.baseline.tune):
+                raise ConfigError(f"{field}[{i}].inner.{key}: set per task and tuned by baseline.tune; allowed: "
+                                  "one value for every task (in inner) or no tuning of it")
+    tcfg = tuning_config(cfg, ".")
+    try:
+        build_task(tcfg)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace("component.search", "baseline.tune")) from None
+    if cfg.baseline.tuned_from:
+        tuned_elsewhere(cfg)
+    elif trainings(tcfg) < trainings(cfg):
+        raise ConfigError(f"baseline.generations: the tuning trains {trainings(tcfg):,} agents, fewer than the "
+                          f"search's {trainings(cfg):,}; allowed: a tuning budget at least the search's (more "
+                          "generations, or baseline.es.popsize)")
+
+
+def _tuned_for(cfg: RunConfig, tuned: dict) -> bool:
+    """Whether ``tuned`` (a tuned.json) was tuned over ``cfg``'s ``baseline.tune`` on its tasks."""
+    return tuned.get("search_space") == dict(cfg.baseline.tune) and tuned.get("tasks") == [s.name for s in task_specs(cfg)]
+
+
+def tuned_elsewhere(cfg: RunConfig) -> dict:
+    """The tuning of ``baseline.tuned_from`` (its tuned.json, with ``from``): refused (``ConfigError``)
+    unless it is finished and was tuned over this run's space, on its tasks, with its inner settings
+    other than the tuned ones, and with at least the search's number of trainings."""
+    where = RunDir(cfg.baseline.tuned_from).path.expanduser()
+    tuned = RunDir(where).tuned()
+    if tuned is None:
+        raise ConfigError(f"baseline.tuned_from: {where} holds no tuned baseline; allowed: a run directory whose "
+                          "tuning has finished")
+    theirs = RunDir(where).read_config("baseline.tuned_from")
+    fixed = lambda inner: {k: v for k, v in (inner or {}).items() if k not in cfg.baseline.tune}  # noqa: E731
+    if not _tuned_for(cfg, tuned) or fixed(theirs.get("inner")) != fixed(cfg.inner):
+        raise ConfigError(f"baseline.tuned_from: {where} was tuned over another space, on other tasks or with other "
+                          "inner settings; allowed: a run with this run's baseline.tune, tasks and inner")
+    if tuned["trainings"] < trainings(cfg):
+        raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
+                          f"search's {trainings(cfg):,}; allowed: a tuning at least as large as the search")
+    return {**tuned, "search_trainings": trainings(cfg), "from": str(where.resolve())}
+
+
+def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[dict]:
+    """The tuned baseline of ``cfg`` (None without ``baseline.tune``): the run directory's, else
+    ``baseline.tuned_from``'s, else found now by a search of kind hyperparams in the tuning's own
+    directory (continued where a kill left it) with its reference and pick; stored in tuned.json."""
+    if not cfg.baseline.tune:
+        return None
+    tuned = run_dir.tuned()
+    if tuned is not None:
+        if not _tuned_for(cfg, tuned):
+            raise ConfigError(f"baseline.tune: {run_dir} holds a tuning over another space or other tasks; "
+                              "allowed: the run's own tuning (or a new run_dir to tune again)")
+        return tuned
+    is_main = jax.process_index() == 0
+    if cfg.baseline.tuned_from:
+        tuned = tuned_elsewhere(cfg)
+        if is_main:
+            run_dir.write_tuned(tuned)
+        say(f"tuned baseline from {tuned['from']}: " + ", ".join(f"{k} {v:.4g}" for k, v in tuned["hyperparameters"].items()))
+        return tuned
+    tcfg, tdir = tuning_config(cfg, run_dir), run_dir.tune
+    say(f"tuning the baseline's {', '.join(cfg.baseline.tune)} first: {tcfg.es.generations} generations of "
+        f"{tcfg.es.popsize} settings x {tcfg.fitness.num_seeds} seeds ({trainings(tcfg):,} trainings; the search's "
+        f"own: {trainings(cfg):,}) in {tdir}")
+    t = time.perf_counter()
+    if is_main:
+        tdir.path.mkdir(exist_ok=True)
+    task, evo = build_evolution(tcfg, mesh=mesh)
+    restored = restore(tcfg, tdir, evo)
+    earlier = sum(r.get("seconds", 0.0) for r in restored.history)  # generations a killed session ran
+    config = tcfg.to_dict()
+    logger = make_logger(tcfg, tdir, task, config)
+    logger.catch_up(restored.history)
+    outcome = search_and_pick(tcfg, tdir, task, restored, mesh, logger, shown, config)
+    logger.finish(outcome.searched.summary())
+    meta, info = tdir.read_best(task.template)
+    tuned = {"hyperparameters": task.kind.values(task.component, meta),
+             "configured": {name: float(getattr(task.inner_config, name)) for name in task.component.names},
+             "search_space": dict(cfg.baseline.tune), "tasks": task.names, "picked": info.get("picked", "best member"),
+             "fitness": info.get("validation_fitness", info.get("fitness")),
+             "fitness_ci95": info.get("validation_ci95"),   # the pick's on fresh seeds (None without one)
+             "trainings": trainings(tcfg) + (outcome.picked["trainings"] if outcome.picked else 0),
+             "search_trainings": trainings(cfg), "seed": tcfg.seed,
+             "seconds": time.perf_counter() - t + earlier, "run_dir": tdir.path.name}
+    if is_main:
+        run_dir.write_tuned(tuned)
+    say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
+                                       for k, v in tuned["hyperparameters"].items())
+        + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
+    return tuned
+
+
+# --- the final pick on fresh seeds -------------------------------------------------------------------
+
+def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, shown: bool,
+         message: Callable[[str], None]) -> dict:
+    """Score the ``fitness.validation_top`` best members found and the search's mean again on
+    ``fitness.validation_seeds`` seeds the search never used (a stream of its own of the run's seed),
+    as the search scored them, and export the best of them: the best member is the one the seed noise
+    flattered most. Writes validation.json; returns it."""
+    top_fitness, top_generation = (np.asarray(jax.device_get(x)) for x in (state.top_fitness, state.top_generation))
+    found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
+    top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
+    candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), _VALIDATION_STREAM),
+                            cfg.fitness.validation_seeds)
+    with progress(f"scoring {len(found) + 1} candidates on {len(keys)} fresh seeds", enabled=shown):
+        fitness, per_seed = jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(
+            candidates, keys))
+    labels = [f"top {i + 1}" for i in found] + ["search mean"]
+    search_fitness = [float(top_fitness[i]) for i in found] + [None]
+    generation = [int(top_generation[i]) for i in found] + [int(state.generation)]
+    rows = [{"candidate": label, "generation": g, "search_fitness": f, "validation_fitness": float(v),
+             "validation_ci95": [float(b) for b in t_interval(np.asarray(s, np.float64))]}
+            for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
+    best = int(np.argmax(np.where(np.isfinite(fitness), fitness, -np.inf)))
+    report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
+              "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
+    if jax.process_index() == 0:
+        run_dir.write_validation(report)
+        run_dir.write_best(jax.tree.map(lambda x: x[best], candidates), {
+            **best_info(cfg, task, generation[best], search_fitness[best]), "picked": labels[best],
+            "validation_fitness": rows[best]["validation_fitness"], "validation_ci95": rows[best]["validation_ci95"]})
+    chosen = rows[best]
+    message(f"picked on {report['seeds']} fresh seeds: {report['picked']}, fitness {chosen['validation_fitness']:.3f} "
+            f"[{chosen['validation_ci95'][0]:.3f}, {chosen['validation_ci95'][1]:.3f}] ("
+            + "; ".join(f"{r['candidate']} {r['validation_fitness']:.3f}" for r in rows)
+            + "); exported, validation.json has each")
+    return report
