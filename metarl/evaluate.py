@@ -18,6 +18,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
 
@@ -65,27 +66,38 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
             "significant": bool(welch.pvalue < ALPHA)}
 
 
-def side_labels(task, formula=None, configured=None) -> list[str]:
-    """The learned side, the baseline the scores are normalised by (the tuned one where the run tuned
-    it), with ``formula`` (``_load``'s) formula K, and with ``configured`` (a task of the untuned
-    config) the baseline as configured."""
-    baseline = task.kind.baseline(task.inner_config)
-    return ([f"learned {task.kind}", ("tuned baseline: " if configured else "baseline: ") + baseline]
-            + ([f"formula {formula[0]['k']}"] if formula else [])
-            + (["baseline as configured: " + task.kind.baseline(configured.inner_config)] if configured else []))
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """One side of the evaluation: its label in the report, its role and, per task, ``train(key)``."""
+    label: str
+    role: str            # learned, baseline (the one scores are normalised by), formula or configured
+    trainers: tuple
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A run as the evaluation reads it: its config, every task it evaluates, which of them it trained
+    on, its exported meta-parameters with their info, and the sides to train."""
+    cfg: Any
+    task: Any
+    on_train: list
+    meta: Any
+    info: dict
+    sides: list
+    formula: Optional[dict] = None   # distill's front entry K, with ``distilled=K``
+
+    def side(self, role: str) -> Optional[Side]:
+        return next((s for s in self.sides if s.role == role), None)
 
 
 def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None,
-          distilled: int | None = None):
-    """The run's config, the evaluation's task (every task it evaluates, in order), which of them the
-    run trained on, its best meta-params and their info, with ``distilled`` the formula's
-    ``(front entry, task with the formula component)`` (else None), and where the run tuned its
-    baseline the task as configured (else None).
-
-    Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task; else the run's own
-    tasks followed by its held-out ``eval_tasks``."""
+          distilled: int | None = None) -> Loaded:
+    """The run and its sides: the learned part, the baseline (the tuned one where the run tuned its
+    baseline, which is then also evaluated as configured) and, with ``distilled``, formula K of the
+    run's distilled front. Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task;
+    else the run's own tasks followed by its held-out ``eval_tasks``."""
     from metarl import results
-    from metarl.tasks import TaskSpec, default_name, task_specs
+    from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
     def evaluated(cfg):
         if tasks is not None:
@@ -101,30 +113,32 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
     cfg, task = results.load_run(run_dir, evaluated)
     meta, info = RunDir(run_dir).read_best(task.template)
     trained_keys = {_spec_key(s) for s in task_specs(cfg)}
+    tuned = RunDir(run_dir).tuned() is not None
+    sides = [Side(f"learned {task.kind}", "learned", tuple(make(meta) for make in task.trainers)),
+             Side(("tuned baseline: " if tuned else "baseline: ") + task.kind.baseline(task.inner_config), "baseline",
+                  tuple(task.baselines))]
     formula = None
     if distilled is not None:
         from metarl.distill import load_formula
-        from metarl.tasks import build_task
 
-        entry = load_formula(run_dir, distilled)
-        formula = entry, build_task(dataclasses.replace(cfg, component=entry["component"]), task.specs)
-    on_train = [_spec_key(s) in trained_keys for s in task.specs]
-    configured = None
-    if RunDir(run_dir).tuned() is not None:
-        from metarl.tasks import build_task
-
+        formula = load_formula(run_dir, distilled)
+        fixed = build_task(dataclasses.replace(cfg, component=formula["component"]), task.specs)
+        sides.append(Side(f"formula {formula['k']}", "formula", tuple(make({}) for make in fixed.trainers)))
+    if tuned:
         configured = build_task(results.load_config(run_dir, tuned=False), task.specs)
-    return cfg, task, on_train, meta, info, formula, configured
+        sides.append(Side("baseline as configured: " + task.kind.baseline(configured.inner_config), "configured",
+                          tuple(configured.baselines)))
+    return Loaded(cfg, task, [_spec_key(s) in trained_keys for s in task.specs], meta, info, sides, formula)
 
 
 def _spec_key(spec) -> tuple:
     return spec.env, spec.env_args, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
 
 
-def _train_sides(task, meta, keys, formula=None, mesh=None, configured=None):
-    """Per task, learning curves ``(seeds, updates)`` of each side (``side_labels``) on ``keys`` (each one
-    vmapped, jitted call, its agents split over ``mesh``), and the random policy's return per seed;
-    returns ({task: {side: curves, "random": returns}}, {task: {side: run seconds}}, compile seconds).
+def _train_sides(task, sides: list[Side], keys, mesh=None):
+    """Per task, learning curves ``(seeds, updates)`` of each side on ``keys`` (each one vmapped, jitted
+    call, its agents split over ``mesh``), and the random policy's return per seed; returns
+    ({task: {label: curves, "random": returns}}, {task: {label: run seconds}}, compile seconds).
     Agent i trains from key i however the agents are split."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -132,16 +146,11 @@ def _train_sides(task, meta, keys, formula=None, mesh=None, configured=None):
     from metarl import compilation
     from metarl.inner_loops.envs import random_policy_return
 
-    trains = [[make(meta) for make in task.trainers], task.baselines]  # per side, per task: train(key)
-    if formula is not None:
-        trains.append([make({}) for make in formula[1].trainers])
-    if configured is not None:
-        trains.append(configured.baselines)
     programs = {spec.name: {"random": lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())}
                 for spec in task.specs}  # per task, per side: key -> returns
-    for side, per_task in zip(side_labels(task, formula, configured), trains):
-        for spec, train in zip(task.specs, per_task):
-            programs[spec.name][side] = lambda k, train=train: train(k)[1]["episode_return"]
+    for side in sides:
+        for spec, train in zip(task.specs, side.trainers):
+            programs[spec.name][side.label] = lambda k, train=train: train(k)[1]["episode_return"]
     # Task by task: trace its programs, compile them side by side (XLA compiles outside the GIL), run
     # them, and let them go, so that only one task's executables are held at a time.
     from metarl.progress import progress
@@ -199,8 +208,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     a run's ``devices.num_cpu_devices``, set before JAX starts; once it has, the agents are split over
     the devices it has. Bad input raises ``ConfigError`` (a ``ValueError``) naming the argument; a run
     directory that cannot be read, ``ConfigError`` or ``CheckpointError``."""
-    from metarl import compilation, devices, plots
-    from metarl.outer_loops.fitness import final_window_mean, spans
+    from metarl import compilation, devices
 
     if tasks is not None and (env or total_timesteps):
         raise ConfigError("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
@@ -216,81 +224,97 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
-    cfg, task, on_train, meta, info, formula, configured = _load(run_dir, env, total_timesteps, tasks, distilled)
-    root, keys = eval_keys(cfg.seed, num_seeds)
+    loaded = _load(run_dir, env, total_timesteps, tasks, distilled)
+    task = loaded.task
+    root, keys = eval_keys(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
-    curves, seconds, compile_s = _train_sides(task, meta, keys, formula, mesh, configured)
+    curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh)
+    rows, aggregates = _score(loaded, curves, seconds)
+    tuned = RunDir(run_dir).tuned()
+    report = {
+        "run_dir": str(run_dir), "kind": task.kind.name,
+        "trained_tasks": [s.name for s, t in zip(task.specs, loaded.on_train) if t],
+        "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
+        "best_generation": loaded.info.get("generation"), "best_fitness": loaded.info.get("fitness"),
+        "picked": loaded.info.get("picked"),   # the final pick on fresh seeds ("top 2", "search mean"); None without one
+        "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
+        "normalized": f"(R - random policy) / ({'tuned ' if tuned else ''}baseline mean - random policy), per task",
+        "tuned": tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
+        "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
+    }
+    if loaded.formula:
+        report["formula"] = {"k": distilled, "label": loaded.side("formula").label,
+                             **{key: loaded.formula[key] for key in ("expression", "size", "nmse", "component")}}
+    values = task.kind.values(task.component, loaded.meta)  # named trainer settings, where the kind learns such
+    if values is not None:
+        report["learned_values"] = values
+        report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
+    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_distilled{distilled}" if loaded.formula else "")
+    _figures(RunDir(run_dir), loaded, curves, report, suffix)
+    report["json"] = str(RunDir(run_dir).write_evaluation(suffix, report))
+    return report
 
-    labels = side_labels(task, formula, configured)
-    learned_label, baseline_label = labels[:2]
-    configured_label = labels[-1] if configured else None
+
+def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
+    """Per task, each side's final returns, normalised scores and Welch's tests against the baseline
+    (the learned side's also against the configured baseline); per split, the IQMs (``aggregate``)."""
+    from metarl.outer_loops.fitness import final_window_mean, spans
+
+    task, labels = loaded.task, {side.role: side.label for side in loaded.sides}
+    learned, baseline = labels["learned"], labels["baseline"]
     rows, normalized = [], {True: [], False: []}  # per split, per task: {side: normalised scores}
-    for spec, inner, trained in zip(task.specs, task.inner_configs, on_train):
+    for spec, inner, trained in zip(task.specs, task.inner_configs, loaded.on_train):
         c = curves[spec.name]
-        finals = {label: final_window_mean(c[label], FINAL_WINDOW) for label in labels}
-        base_mean, random_mean = float(np.nanmean(finals[baseline_label])), float(np.mean(c["random"]))
+        finals = {side.label: final_window_mean(c[side.label], FINAL_WINDOW) for side in loaded.sides}
+        base_mean, random_mean = float(np.nanmean(finals[baseline])), float(np.mean(c["random"]))
         # (R - random) / (baseline - random), with the same positive scale rule as the fitness
         span = float(spans({"base": [base_mean], "low": [random_mean]})[0])
         norm = {label: (f - random_mean) / span for label, f in finals.items()}
         normalized[trained].append(norm)
         row = {"task": spec.name, "env": spec.env, "split": "trained-on" if trained else "held-out",
                "total_timesteps": int(getattr(inner, "total_timesteps", 0)),
-               "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]}
-                         for label, f in finals.items()},
+               "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]} for label, f in finals.items()},
                "random_return": random_mean,
                "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
                "normalized_ci95": {label: [float(b) for b in t_interval(v)] for label, v in norm.items()},
-               "test": compare(finals[learned_label], finals[baseline_label])}
-        if formula:
-            row["test_formula"] = compare(finals[labels[2]], finals[baseline_label])
-        if configured:
-            row["test_configured"] = compare(finals[learned_label], finals[configured_label])
+               "test": compare(finals[learned], finals[baseline])}
+        if "formula" in labels:
+            row["test_formula"] = compare(finals[labels["formula"]], finals[baseline])
+        if "configured" in labels:
+            row["test_configured"] = compare(finals[learned], finals[labels["configured"]])
         rows.append(row)
     aggregates = {}
     for trained, name in ((False, "held-out"), (True, "trained-on")):
         if normalized[trained]:
-            scores_of = {label: np.stack([n[label] for n in normalized[trained]], axis=1) for label in labels}
-            aggregates[name] = aggregate(scores_of[learned_label], scores_of[baseline_label])
-            if formula:
-                aggregates[name]["formula"] = aggregate(scores_of[labels[2]], scores_of[baseline_label])
-            if configured:
-                aggregates[name]["vs_configured"] = aggregate(scores_of[learned_label], scores_of[configured_label])
+            scores = {label: np.stack([n[label] for n in normalized[trained]], axis=1) for label in labels.values()}
+            aggregates[name] = aggregate(scores[learned], scores[baseline])
+            if "formula" in labels:
+                aggregates[name]["formula"] = aggregate(scores[labels["formula"]], scores[baseline])
+            if "configured" in labels:
+                aggregates[name]["vs_configured"] = aggregate(scores[learned], scores[labels["configured"]])
+    return rows, aggregates
 
-    report = {
-        "run_dir": str(run_dir), "kind": task.kind.name, "trained_tasks": [s.name for s, t in zip(task.specs, on_train) if t],
-        "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
-        "best_generation": info.get("generation"), "best_fitness": info.get("fitness"),
-        "picked": info.get("picked"),   # the final pick on fresh seeds ("top 2", "search mean"); None without one
-        "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
-        "normalized": f"(R - random policy) / ({'tuned ' if configured else ''}baseline mean - random policy), per task",
-        "tuned": RunDir(run_dir).tuned(),
-        "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
-    }
-    if formula:
-        report["formula"] = {"k": distilled, "label": labels[2],
-                             **{key: formula[0][key] for key in ("expression", "size", "nmse", "component")}}
-    values = task.kind.values(task.component, meta)  # named trainer settings, where the kind learns such
-    if values is not None:
-        report["learned_values"] = values
-        report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
 
-    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_distilled{distilled}" if formula else "")
-    for i, (spec, row) in enumerate(zip(task.specs, rows)):
-        n_updates = curves[spec.name][learned_label].shape[1]
+def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix: str) -> None:
+    """Each task's learning curves and, with several tasks, the normalised scores; paths in ``report``."""
+    from metarl import plots
+
+    rows, labels = report["tasks"], [side.label for side in loaded.sides]
+    for i, (spec, row) in enumerate(zip(loaded.task.specs, rows)):
+        n_updates = curves[spec.name][labels[0]].shape[1]
         frames = np.arange(1, n_updates + 1) * (row["total_timesteps"] / n_updates)
-        sides = {label: curves[spec.name][label] for label in labels}
         fig = plots.learning_curves_figure(
-            frames, sides, f"{task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {num_seeds} fresh seeds")
+            frames, {label: curves[spec.name][label] for label in labels},
+            f"{loaded.task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {report['num_seeds']} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
-        row["figure"] = str(plots.save(fig, RunDir(run_dir).figure(name)))
+        row["figure"] = str(plots.save(fig, run_dir.figure(name)))
     if len(rows) > 1:
-        fig = plots.task_scores_figure(rows, aggregates, learned_label, baseline_label,
-                                       labels[2] if formula else None, configured_label)
-        report["figure"] = str(plots.save(fig, RunDir(run_dir).figure(f"evaluation{suffix}.png")))
+        role = lambda r: loaded.side(r).label if loaded.side(r) else None  # noqa: E731
+        fig = plots.task_scores_figure(rows, report["aggregate"], role("learned"), role("baseline"), role("formula"),
+                                       role("configured"))
+        report["figure"] = str(plots.save(fig, run_dir.figure(f"evaluation{suffix}.png")))
     else:
         report["figure"] = rows[0]["figure"]
-    report["json"] = str(RunDir(run_dir).write_evaluation(suffix, report))
-    return report
 
 
 def _suffix(env, total_timesteps, tasks, task) -> str:
@@ -308,67 +332,82 @@ def _suffix(env, total_timesteps, tasks, task) -> str:
 
 
 def format_report(report: dict) -> str:
+    """The report as the command prints it: the header, a row per task, the IQMs per split."""
     which = (f"{report['picked']} of generation {report['best_generation']}, picked on fresh seeds"
              if report.get("picked") else f"best of generation {report['best_generation']}")
     lines = [f"{report['kind']} from {report['run_dir']} ({which}): "
              f"{report['num_seeds']} fresh seeds per side and task (fold_in(key({report['key_root']}), i))",
-             f"final return = {report['statistic']}; normalised = {report['normalized']}", ""]
-    row0 = report["tasks"][0]
-    learned, baseline, *others = list(row0["sides"])
-    formula = [label for label in others if label.startswith("formula")]
-    configured = [label for label in others if not label.startswith("formula")]
-    if formula:
-        f = report["formula"]
-        lines.insert(2, f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
-                        "learned function; python -m metarl.distill)")
+             f"final return = {report['statistic']}; normalised = {report['normalized']}"]
     if report.get("tuned"):
         t = report["tuned"]
-        lines.insert(2, "tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
-                                                       for k, v in t["hyperparameters"].items())
+        lines.append("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
+                                                    for k, v in t["hyperparameters"].items())
                      + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
                      + (f"; its fitness on fresh seeds {t['fitness']:.3f} [{t['fitness_ci95'][0]:.3f}, "
                         f"{t['fitness_ci95'][1]:.3f}]" if t.get("fitness_ci95") else ""))
-    width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
-    # The normalised score of each challenger and Welch's p against each baseline.
-    tests = [(learned, "test", "p vs tuned" if configured else "p (Welch)")]
-    tests += [(learned, "test_configured", "p vs config")] if configured else []
-    tests += [(formula[0], "test_formula", "p formula")] if formula else []
-    scored = [learned, *formula]
-    short = lambda label: label.split(":")[0]
-    lines.append(f"{'task':<{width}}{'split':<12}"
-                 + "".join(f"{short(s) + ' [95% CI]':<28}" for s in [learned, *formula, baseline, *configured])
-                 + "".join(f"{'norm. ' + short(s).split()[0]:>15}" for s in scored)
-                 + "".join(f"{name:>13}" for _, _, name in tests))
-    cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (
-        f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
-    for r in report["tasks"]:
-        lines.append(f"{r['task']:<{width}}{r['split']:<12}"
-                     + "".join(f"{cell(r['sides'][s]):<28}" for s in [learned, *formula, baseline, *configured])
-                     + "".join(f"{r['normalized'][s]:>15.3f}" for s in scored)
-                     + "".join(f"{r[test]['welch_p']:>13.3g}" for _, test, _ in tests))
-    lines.append("")
-    ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"
-    for name, a in report["aggregate"].items():
-        lines.append(f"{name} ({a['tasks']} task(s)), IQM of normalised scores: {short(learned)} {a['iqm_learned']:.3f} "
-                     f"{ci(a['iqm_learned_ci95'])}, {short(baseline)} {a['iqm_baseline']:.3f} {ci(a['iqm_baseline_ci95'])}"
-                     + (f", {short(configured[0])} {a['vs_configured']['iqm_baseline']:.3f} "
-                        f"{ci(a['vs_configured']['iqm_baseline_ci95'])}" if configured else "")
-                     + (f", {formula[0]} {a['formula']['iqm_learned']:.3f} {ci(a['formula']['iqm_learned_ci95'])}"
-                        if formula else ""))
-        lines.append(f"    P(learned > {short(baseline)}) = {a['probability_of_improvement']:.3f} "
-                     f"{ci(a['probability_of_improvement_ci95'])}"
-                     + (f"; P(learned > {short(configured[0])}) = "
-                        f"{a['vs_configured']['probability_of_improvement']:.3f} "
-                        f"{ci(a['vs_configured']['probability_of_improvement_ci95'])}" if configured else "")
-                     + (f"; P({formula[0]} > {short(baseline)}) = {a['formula']['probability_of_improvement']:.3f} "
-                        f"{ci(a['formula']['probability_of_improvement_ci95'])}" if formula else ""))
-    lines.append("(sides: " + "; ".join([learned, *formula, baseline, *configured])
-                 + "; stratified bootstrap CIs as rliable computes them)")
+    if "formula" in report:
+        f = report["formula"]
+        lines.append(f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
+                     "learned function; python -m metarl.distill)")
+    roles = {side["role"]: side["label"] for side in report["sides"]}
+    lines += ["", *_table(report, roles), "", *_aggregate_lines(report, roles)]
     if "learned_values" in report:
         lines.append("hyperparameters (learned | baseline): " + ", ".join(
             f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))
     lines += [f"wrote {report['json']}", f"wrote {report['figure']}"]
     return "\n".join(lines)
+
+
+def _short(label: str) -> str:
+    return label.split(":")[0]
+
+
+def _table(report: dict, roles: dict) -> list[str]:
+    """A row per task: each side's final return, the challengers' normalised scores, Welch's p of each test."""
+    learned = roles["learned"]
+    shown = [learned, *[roles[r] for r in ("formula", "baseline", "configured") if r in roles]]
+    scored = [learned] + ([roles["formula"]] if "formula" in roles else [])
+    tests = [("test", "p vs tuned" if "configured" in roles else "p (Welch)")]
+    tests += [("test_configured", "p vs config")] if "configured" in roles else []
+    tests += [("test_formula", "p formula")] if "formula" in roles else []
+    width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
+    lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<28}" for s in shown)
+             + "".join(f"{'norm. ' + _short(s).split()[0]:>15}" for s in scored)
+             + "".join(f"{name:>13}" for _, name in tests)]
+    cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (  # noqa: E731
+        f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
+    for r in report["tasks"]:
+        lines.append(f"{r['task']:<{width}}{r['split']:<12}" + "".join(f"{cell(r['sides'][s]):<28}" for s in shown)
+                     + "".join(f"{r['normalized'][s]:>15.3f}" for s in scored)
+                     + "".join(f"{r[test]['welch_p']:>13.3g}" for test, _ in tests))
+    return lines
+
+
+def _aggregate_lines(report: dict, roles: dict) -> list[str]:
+    """Per split, the IQM of each side's normalised scores and the probabilities of improvement."""
+    ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"  # noqa: E731
+    learned, baseline = _short(roles["learned"]), _short(roles["baseline"])
+    configured, formula = _short(roles.get("configured", "")), roles.get("formula")
+    lines = []
+    for name, a in report["aggregate"].items():
+        iqms = [f"{learned} {a['iqm_learned']:.3f} {ci(a['iqm_learned_ci95'])}",
+                f"{baseline} {a['iqm_baseline']:.3f} {ci(a['iqm_baseline_ci95'])}"]
+        better = [f"P(learned > {baseline}) = {a['probability_of_improvement']:.3f} "
+                  f"{ci(a['probability_of_improvement_ci95'])}"]
+        if configured:
+            v = a["vs_configured"]
+            iqms.append(f"{configured} {v['iqm_baseline']:.3f} {ci(v['iqm_baseline_ci95'])}")
+            better.append(f"P(learned > {configured}) = {v['probability_of_improvement']:.3f} "
+                          f"{ci(v['probability_of_improvement_ci95'])}")
+        if formula:
+            v = a["formula"]
+            iqms.append(f"{formula} {v['iqm_learned']:.3f} {ci(v['iqm_learned_ci95'])}")
+            better.append(f"P({formula} > {baseline}) = {v['probability_of_improvement']:.3f} "
+                          f"{ci(v['probability_of_improvement_ci95'])}")
+        lines += [f"{name} ({a['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
+                  "    " + "; ".join(better)]
+    order = [roles[r] for r in ("learned", "formula", "baseline", "configured") if r in roles]
+    return lines + ["(sides: " + "; ".join(order) + "; stratified bootstrap CIs as rliable computes them)"]
 
 
 def main(argv: list[str] | None = None) -> int:
