@@ -79,10 +79,8 @@ class DQNConfig:
     loss: str = _static("mse")
     double_dqn: bool = _static(False)
     log_interval: int = _static(5_000)  # environment steps per metrics row
-    # Unrolling the step loop trades compile time for fewer loop iterations. On a 2-core CPU (jax
-    # 0.9.2, CartPole, PureJaxRL's DQN config): 2 ran 1.09x faster than 4 at 1 agent (1 within noise
-    # of 2), the same as 1 or 4 at 8 agents and 1.2x faster than 4 at 32, and compiled in 3-25% less
-    # time than 4.
+    # Unrolling the step loop trades compile time for fewer loop iterations; 2 compiles faster than 4
+    # and runs as fast or faster (docs/studies/speed.md has the figures).
     unroll: int = _static(2)
     # Leaves.
     lr: float = 5e-4

@@ -78,10 +78,8 @@ class PPOConfig:
     anneal_lr: bool = _static(True)
     clip_value_loss: bool = _static(True)
     normalize_advantages: bool = _static(True)
-    # Unrolling the rollout scan trades compile time for fewer loop iterations per update. On a
-    # 2-core CPU (jax 0.9.2, CartPole): one agent ran 1.2x faster with 2 than with 1 and no faster
-    # with 4, which compiles longer; 8 and 32 vmapped agents ran the same with 1, 2 or 4.
-    # Unrolling the minibatch loop did not help.
+    # Unrolling the rollout scan trades compile time for fewer loop iterations per update; 2 is the
+    # fastest for one agent on a CPU (docs/studies/speed.md has the figures).
     unroll: int = _static(2)
 
     lr: float = 2.5e-4
@@ -195,10 +193,8 @@ def random_permutations(key: jax.Array, num: int, size: int) -> jax.Array:
     """``num`` independent, uniformly random permutations of ``range(size)``: int32, shape (num, size).
 
     Each round sorts 32-bit integers whose high bits are random and whose low bits are the element's
-    current position, so the sort has one operand and the permutation is read off the low bits. On
-    CPU that is several times faster than ``argsort`` of random floats, which sorts two operands
-    (8 agents x 4 epochs x 512 on a 2-core CPU: argsort was about 3 ms of a 31 ms PPO update, and
-    training runs 1.18x faster with this). Equal random bits keep the
+    current position, so the sort has one operand and the permutation is read off the low bits: XLA's
+    CPU sort is much slower on ``argsort``'s two operands (docs/studies/speed.md). Equal random bits keep the
     current order, so rounds are repeated with fresh bits until the random bits of all rounds
     together number at least three times the position bits, ``jax.random.permutation``'s rule
     (two rounds for 512; ``shuffle_rounds``). Above 2**20 elements it is ``jax.random.permutation`` per row.
@@ -233,9 +229,8 @@ def update_draws(key: jax.Array, n_steps: int, n_envs: int, action_dim: int, con
     """Every random number of one PPO update from one draw of bits (``draws.draw``): ``(noise,
     step_keys, reset_keys, perms)``, the action noise (n_steps, n_envs, action_dim) (standard normal if
     ``continuous``, else standard Gumbel), each step's and each reset's key (n_steps, n_envs), and the
-    shuffles of the ``n_epochs`` epochs (``random_permutations``). As seven call sites (a split of the
-    key, the noise, two key splits, the shuffle's split and its rounds) PPO compiled 10-20% slower
-    (docs/performance.md)."""
+    shuffles of the ``n_epochs`` epochs (``random_permutations``). One call site, because each
+    threefry call site compiles to a loop of its own on a CPU (docs/studies/speed.md)."""
     rounds = shuffle_rounds(batch_size)
     parts = {"noise": ((n_steps, n_envs, action_dim), "normal" if continuous else "gumbel"),
              "steps": ((n_steps, n_envs), "keys"), "resets": ((n_steps, n_envs), "keys")}

@@ -234,9 +234,8 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
 
 # --- memory -------------------------------------------------------------------------------------------
 
-# XLA keeps temporaries (minibatches, activations, scan carries) beside the storage; a rough factor,
-# set so the estimate sits just above the peak measured on an H100 in benchmarks/h100_sweep.json
-# (value_loss, 4 envs x 64 steps, 2 seeds: 4.2 GiB measured at popsize 8192, 5.3 GiB estimated).
+# XLA keeps temporaries (minibatches, activations, scan carries) beside the storage; a rough factor, set so
+# that the estimate sits just above the peak memory measured on a GPU (docs/studies/speed.md, "On a GPU").
 _XLA_OVERHEAD = 2
 
 
