@@ -46,6 +46,7 @@ ENV_VAR = "METARL_PUREJAXRL"
 # The peer's files, and the upstream commit the recorded figures were measured with.
 FILES = {"ppo": ("ppo.py", "wrappers.py"), "dqn": ("dqn.py",)}
 COMMITS = {"ppo": "31756b1", "dqn": "19f8284"}
+NEEDS = {"ppo": "distrax", "dqn": "flashbax"}  # what the peer imports that metarl does not install
 
 EXTRA = os.environ.get("PUREJAXRL_EXTRA", os.path.expanduser("~/.cache/purejaxrl-extra"))
 if os.path.isdir(EXTRA) and EXTRA not in sys.path:
@@ -81,10 +82,15 @@ def problem(directory: str | None, algo: str) -> str:
 
 
 def require(directory: str | None, algo: str, prog: str | None = None) -> str:
-    """The folder of the peer's files; without one, one line on stderr and exit code 2."""
+    """The folder of the peer's files; without one (or without its extra dependency), one line on
+    stderr and exit code 2."""
     folder = find(directory, algo)
-    if folder is None:
-        print(f"{prog or os.path.basename(sys.argv[0])}: error: {problem(directory, algo)}", file=sys.stderr)
+    message = problem(directory, algo) if folder is None else None
+    if folder is not None and importlib.util.find_spec(NEEDS[algo]) is None:
+        message = (f"PureJaxRL's {algo.upper()} needs {NEEDS[algo]}, not installed: install it beside the venv "
+                   f"as benchmarks/peers.py says (pip install --no-deps --target {EXTRA} ...)")
+    if message:
+        print(f"{prog or os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
         raise SystemExit(2)
     _chosen[algo] = folder
     return folder
@@ -129,6 +135,9 @@ def _import(name: str, path: str, modules: dict) -> types.ModuleType:
     try:
         with contextlib.redirect_stdout(sys.stderr):
             spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
     finally:
         for key in added:
             sys.modules.pop(key, None)
