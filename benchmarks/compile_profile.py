@@ -8,10 +8,11 @@ after its first kernel, a fusion of the optimised HLO, whose ``op_name`` says wh
 was written: inside ``jax.named_scope`` ``env_step``, ``network``, ``optimizer`` or ``sampling``
 (metarl's PPO), or elsewhere (``rest``), and whether it is random-number generation (threefry, uniform,
 normal or Gumbel draws: ``+rng``). Modules compile on several threads, so their seconds add up to more
-than the wall time. One JSON object on stdout::
+than the wall time. One JSON object on stdout; PureJaxRL's PPO comes from the checkout that
+``--purejaxrl DIR`` or ``$METARL_PUREJAXRL`` names (``benchmarks/peers.py``)::
 
-    python benchmarks/compile_profile.py --impl metarl --agents 8
-    python benchmarks/compile_profile.py --impl purejaxrl --agents 8
+    python -m benchmarks.compile_profile --impl metarl --agents 8
+    python -m benchmarks.compile_profile --impl purejaxrl --purejaxrl DIR --agents 8
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import re
 import sys
 import tempfile
 import time
+
+from benchmarks import peers  # imports no jax: the settings below still reach XLA
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
 os.environ["TF_CPP_VMODULE"] = "ir_compiler=2,compiler_functor=2"
@@ -37,14 +40,17 @@ def main() -> None:
     parser.add_argument("--impl", choices=("metarl", "purejaxrl"), default="metarl")
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--total-timesteps", type=float, default=1e5)
+    peers.add_option(parser)
     args = parser.parse_args()
+    if args.impl == "purejaxrl":
+        peers.require(args.purejaxrl, "ppo", parser.prog)
 
     log = tempfile.TemporaryFile()
     saved = os.dup(2)
     os.dup2(log.fileno(), 2)  # XLA's C++ log, and anything else on stderr, into the file
     try:
         import jax
-        from ppo_side_by_side import make_one
+        from benchmarks.ppo_side_by_side import make_one
 
         one, keys, _ = make_one(args.impl, int(args.total_timesteps))
         start = time.perf_counter()

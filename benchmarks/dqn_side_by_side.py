@@ -1,4 +1,4 @@
-"""metarl's DQN against the real PureJaxRL DQN (patched copy in ./purejaxrl_dqn/), in ONE process.
+"""metarl's DQN against the real PureJaxRL DQN (from a checkout: ``--purejaxrl DIR``), in ONE process.
 
 Both train CartPole-v1 with PureJaxRL's DQN default config (its ``dqn.py`` ``main()``: 10 envs, buffer
 10,000, batch 128, 120x84 relu MLP, learning starts after 10,000 steps, one update per 10 env steps,
@@ -14,37 +14,29 @@ Modes (default: throughput):
   --returns    final-return check: per seed, the mean return over the last ``--log-interval``
                environment steps, for each implementation (see ``final_returns``)
 
-PureJaxRL's DQN needs flashbax; install it beside the venv, not into it (its other dependencies,
-chex, flax, tensorstore, typing_extensions, numpy, wandb, are metarl's or already in the venv)::
+PureJaxRL's DQN is loaded from a PureJaxRL checkout named by ``--purejaxrl DIR`` or ``$METARL_PUREJAXRL``
+(``benchmarks/peers.py``: how to get one, the flashbax it needs beside the venv, and what is adapted for
+gymnax 1.0). Usage, from the repository's root::
 
-    python -m pip install --no-deps --target ~/.cache/purejaxrl-extra flashbax==0.1.3
-
-The folder is taken from ``PUREJAXRL_EXTRA`` (default ``~/.cache/purejaxrl-extra``) and appended to
-``sys.path``, so the venv's jax/flax/optax win. Usage, from the metarl checkout::
-
-    python benchmarks/dqn_side_by_side.py --returns --agents 2 --total-timesteps 5e5
-    python benchmarks/dqn_side_by_side.py --agents 1 8 32 --repeats 3 --total-timesteps 1e5 --json out.json
+    python -m benchmarks.dqn_side_by_side --purejaxrl DIR --returns --agents 2 --total-timesteps 5e5
+    python -m benchmarks.dqn_side_by_side --purejaxrl DIR --agents 1 8 32 --repeats 3 --total-timesteps 5e4 \\
+        --json benchmarks/results/dqn_side_by_side_2core.json
 
 The LAST stdout line is the metarl/PureJaxRL frames/s ratio for the largest agent count run.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PJR_DIR = os.path.join(HERE, "purejaxrl_dqn")
-EXTRA = os.environ.get("PUREJAXRL_EXTRA", os.path.expanduser("~/.cache/purejaxrl-extra"))
-if os.path.isdir(EXTRA) and EXTRA not in sys.path:
-    sys.path.append(EXTRA)  # flashbax; appended so the venv's jax/flax/optax win
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+from benchmarks import peers
 
 # PureJaxRL's purejaxrl/dqn.py main() config, verbatim (SEED/NUM_SEEDS/WANDB/ENTITY/PROJECT only
 # drive its main(); make_train ignores them).
@@ -60,13 +52,6 @@ PJR_HIDDEN = (120, 84)  # PureJaxRL's QNetwork: Dense(120) relu Dense(84) relu D
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
-
-
-def load_purejaxrl():
-    spec = importlib.util.spec_from_file_location("purejaxrl_dqn", os.path.join(PJR_DIR, "dqn.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def pjr_config(total):
@@ -155,7 +140,7 @@ def build(impl, total, n, log_interval):
         keys = lambda s: jax.random.split(jax.random.key(s), n)  # noqa: E731
         frames = cfg.frames_per_run
     elif impl == "purejaxrl":
-        pjr = load_purejaxrl()
+        pjr = peers.load("dqn")
         config = pjr_config(total)
         one = pjr.make_train(config)
         keys = lambda s: jax.random.split(jax.random.PRNGKey(s), n)  # noqa: E731
@@ -229,14 +214,17 @@ def main():
     p.add_argument("--impl", nargs="+", default=["metarl", "purejaxrl"], choices=["metarl", "purejaxrl"])
     p.add_argument("--returns", action="store_true")
     p.add_argument("--json", default="", help="also write the results here")
+    peers.add_option(p)
     args = p.parse_args()
+    if "purejaxrl" in args.impl:
+        peers.require(args.purejaxrl, "dqn", p.prog)
     args.total_timesteps = int(args.total_timesteps)
     if args.total_timesteps % args.log_interval or args.log_interval % PJR_CONFIG["NUM_ENVS"]:
         p.error(f"--log-interval {args.log_interval} must divide --total-timesteps {args.total_timesteps} "
                 f"and be a multiple of NUM_ENVS={PJR_CONFIG['NUM_ENVS']}")
     cfg, mapping, differences = metarl_config(args.total_timesteps, args.log_interval)
     from importlib.metadata import version
-    meta = {"jax": jax.__version__, "flashbax": version("flashbax"), "gymnax": version("gymnax"),
+    meta = {"jax": jax.__version__, "flashbax": version("flashbax") if "purejaxrl" in args.impl else None, "gymnax": version("gymnax"),
             "affinity": sorted(os.sched_getaffinity(0)), "loadavg_start": os.getloadavg(),
             "total_timesteps": args.total_timesteps,
             "repeats": args.repeats, "agents": args.agents, "argv": sys.argv[1:],

@@ -15,7 +15,7 @@ hand-off costs more than the work.
 
 Usage::
 
-    python benchmarks/dqn_throughput.py [--steps 20000] [--repeats 5] [--cores 1]
+    python -m benchmarks.dqn_throughput [--steps 20000] [--repeats 5] [--cores 1]
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 
@@ -42,8 +41,7 @@ def main() -> None:
 
     from metarl.inner_loops.dqn import DQNConfig, make_train
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import reference_dqn
+    from benchmarks import reference_dqn
 
     config = DQNConfig(
         env="CartPole-v1", total_timesteps=args.steps, num_envs=1, buffer_size=512, batch_size=32,

@@ -8,8 +8,8 @@ inner PPO is the value_loss GPU preset (CartPole, 4 envs x 64 steps, 2 seeds per
 has a few hundred updates, so a shorter run measures the same rate in less device time. Prints one
 JSON object (and one line per size on stderr as it goes).
 
-    XLA_PYTHON_CLIENT_PREALLOCATE=false python benchmarks/gpu_population_sweep.py
-    python benchmarks/gpu_population_sweep.py --popsizes 64 256 1024 --timesteps 65536 --generations 3
+    XLA_PYTHON_CLIENT_PREALLOCATE=false python -m benchmarks.gpu_population_sweep
+    python -m benchmarks.gpu_population_sweep --popsizes 64 256 1024 --timesteps 65536 --generations 3
 
 Memory is JAX's own count (``peak_bytes_in_use`` of the device), which is exact when JAX does not
 preallocate (``XLA_PYTHON_CLIENT_PREALLOCATE=false``, set for the child processes unless already set).
@@ -99,10 +99,11 @@ def main():
         if time.perf_counter() - start > args.budget:
             out["results"].append({"popsize": popsize, "status": "skipped: budget spent"})
             continue
-        cmd = [sys.executable, os.path.abspath(__file__), *child, "--one", str(popsize)]
+        cmd = [sys.executable, "-m", "benchmarks.gpu_population_sweep", *child, "--one", str(popsize)]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
+                                  cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode == 0 and lines:
                 row = {"status": "ok", **json.loads(lines[-1][len("RESULT "):])}

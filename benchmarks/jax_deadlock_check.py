@@ -8,16 +8,18 @@ PureJaxRL-style PPO in ``benchmarks/reference_ppo.py``. A child still compiling 
 its CPU seconds tell a deadlock (all threads waiting) from a slow run. Every child compiles from
 scratch (no persistent compilation cache) with default XLA flags (``XLA_FLAGS`` is removed from its
 environment) unless ``--xla-flags`` gives some, and runs under ``--python`` (default: this
-interpreter), so one invocation checks another virtual environment's jax. Prints ONE JSON object:
+interpreter), so one invocation checks another virtual environment's jax (a child runs as
+``python -m benchmarks.jax_deadlock_check`` from the repository's root, so it imports this checkout's
+metarl with that interpreter's jax). Prints ONE JSON object:
 the children's jax and jaxlib, runs, hangs, errors, the medians of frames/s and compile seconds over
 the runs that finished, the settings, the load average before and after (the machine may be shared)
 and every run's record; progress goes to stderr.
 
 Usage::
 
-    python benchmarks/jax_deadlock_check.py --runs 6                  # about 3-5 minutes on 2 cores
-    python benchmarks/jax_deadlock_check.py --runs 6 --impl reference --python /tmp/jax0102/bin/python
-    python benchmarks/jax_deadlock_check.py --runs 6 --seeds 8 \\
+    python -m benchmarks.jax_deadlock_check --runs 6                  # about 3-5 minutes on 2 cores
+    python -m benchmarks.jax_deadlock_check --runs 6 --impl reference --python /tmp/jax0102/bin/python
+    python -m benchmarks.jax_deadlock_check --runs 6 --seeds 8 \\
         --xla-flags=--xla_cpu_enable_concurrency_optimized_scheduler=false
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ import tempfile
 import threading
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # children run `-m benchmarks...` from here
+
 
 def child(args) -> None:
     """One training; one JSON line per phase, so the parent sees how far a hung run got."""
@@ -46,8 +50,8 @@ def child(args) -> None:
     if args.impl == "metarl":
         config = PPOConfig(env="CartPole-v1", total_timesteps=total)
         one, frames = make_train(config), config.frames_per_run
-    else:  # benchmarks/ is on sys.path: this file runs as a script
-        import reference_ppo
+    else:
+        from benchmarks import reference_ppo
         one = reference_ppo.make_train(total_timesteps=total)
         frames = reference_ppo.frames_per_run(total_timesteps=total)
     train = jax.jit(jax.vmap(one))
@@ -68,12 +72,12 @@ def one_run(args) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR")}
     if args.xla_flags:
         env["XLA_FLAGS"] = args.xla_flags
-    cmd = [args.python, os.path.abspath(__file__), "--child", "--seeds", str(args.seeds),
+    cmd = [args.python, "-m", "benchmarks.jax_deadlock_check", "--child", "--seeds", str(args.seeds),
            "--total-timesteps", str(args.total_timesteps), "--compile", args.compile, "--impl", args.impl]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as stderr:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT)
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")))
         reader.start()

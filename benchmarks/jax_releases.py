@@ -2,7 +2,8 @@
 (each a virtual environment with metarl installed and its own jax).
 
 For each ``--python``, in turn (the order reversed every other round, so machine drift hits all alike):
-``benchmarks/ppo_throughput.py`` (metarl's PPO against the PureJaxRL-style reference in the same process)
+``benchmarks/ppo_throughput.py`` (metarl's PPO against the PureJaxRL-style reference in the same process;
+run as ``-m benchmarks.ppo_throughput`` from the repository's root, so it imports this checkout's metarl)
 and ``python -m metarl.evolve experiment=value_loss`` as the README runs it (one process per core, an
 empty compilation cache), timed as ``benchmarks/main_line_wall.py`` times it. Prints ONE JSON object:
 per interpreter its Python, jax and jaxlib, the throughput JSON of each round, the main line's wall,
@@ -10,8 +11,8 @@ compile and median generation seconds and its fitness history; then whether the 
 the largest difference between releases in any generation's best and mean fitness. Progress goes to
 stderr.
 
-    python benchmarks/jax_releases.py --python /tmp/jax092/bin/python --python /tmp/jax0122/bin/python
-    python benchmarks/jax_releases.py --python A --python B --rounds 2 es.generations=5
+    python -m benchmarks.jax_releases --python /tmp/jax092/bin/python --python /tmp/jax0122/bin/python
+    python -m benchmarks.jax_releases --python A --python B --rounds 2 es.generations=5
 """
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import main_line_wall  # benchmarks/ is on sys.path: this file runs as a script
+from benchmarks import main_line_wall
 
-HERE = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def versions(python: str) -> dict:
@@ -36,10 +37,11 @@ def versions(python: str) -> dict:
 
 
 def throughput(python: str, args) -> dict:
-    cmd = [python, str(HERE / "ppo_throughput.py"), "--agents", *map(str, args.agents), "--repeats",
+    cmd = [python, "-m", "benchmarks.ppo_throughput", "--agents", *map(str, args.agents), "--repeats",
            str(args.repeats), "--total-timesteps", str(args.total_timesteps)]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=True).stdout
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=True,
+                         cwd=ROOT).stdout
     result = json.loads(out)
     return {"ratio_metarl_over_reference": result["ratio_metarl_over_reference"],
             **{impl: {n: {k: r[k] for k in ("compile_s", "frames_per_s")} for n, r in per.items()}

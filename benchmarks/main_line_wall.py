@@ -10,9 +10,9 @@ mode, filled by an untimed run first). Extra ``key=value`` arguments go to every
 JSON object: per mode every run's wall seconds, compile seconds and median generation seconds, the
 medians, ``ratio`` (the second mode's median wall over the first's), and ``same_fitness_history``.
 
-    python benchmarks/main_line_wall.py                        # about 10 minutes per pair on 2 cores
-    python benchmarks/main_line_wall.py --pairs 2 es.generations=5
-    python benchmarks/main_line_wall.py --pairs 2 --before /tmp/old-venv/bin/python
+    python -m benchmarks.main_line_wall                        # about 10 minutes per pair on 2 cores
+    python -m benchmarks.main_line_wall --pairs 2 es.generations=5
+    python -m benchmarks.main_line_wall --pairs 2 --before /tmp/old-venv/bin/python
 """
 from __future__ import annotations
 

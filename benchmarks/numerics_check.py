@@ -12,7 +12,7 @@ gap along the curve between the sides' mean returns in units of its standard err
 permutation p (the share of 1,000 random splits of the pooled agents into two sides whose largest gap
 is at least as large). Prints ONE JSON object to stdout; progress goes to stderr.
 
-    timeout 1800 python benchmarks/numerics_check.py --against REV [--trainer ppo|dqn]
+    timeout 1800 python -m benchmarks.numerics_check --against REV [--trainer ppo|dqn]
         [--envs CartPole-v1 Acrobot-v1] [--seeds 32] [--total-timesteps 500000]
 
 REV is any git revision whose trainer module imports against today's package (run from the

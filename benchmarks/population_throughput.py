@@ -6,8 +6,8 @@ seconds are real; a run's rate is the median over the generations after the firs
 jitted call: ask, evaluate every member on every seed, tell), and a mode's is the median over its runs,
 which alternate with the other modes'. Prints one JSON object.
 
-    python benchmarks/population_throughput.py                 # about 8-10 minutes on 2 cores
-    python benchmarks/population_throughput.py --popsizes 8 --generations 3
+    python -m benchmarks.population_throughput                 # about 8-10 minutes on 2 cores
+    python -m benchmarks.population_throughput --popsizes 8 --generations 3
 """
 from __future__ import annotations
 

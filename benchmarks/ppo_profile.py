@@ -20,7 +20,7 @@ scaled to the time at least one instruction ran (the union of the events), and `
 remainder of the wall time. An instruction XLA fused from several scopes counts in the scope of the
 fusion's root. Prints one JSON object on stdout (progress to stderr)::
 
-    timeout 900 python benchmarks/ppo_profile.py --agents 1 32 --total-timesteps 5e4
+    timeout 900 python -m benchmarks.ppo_profile --agents 1 32 --total-timesteps 5e4
 """
 from __future__ import annotations
 

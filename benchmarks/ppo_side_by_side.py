@@ -1,4 +1,4 @@
-"""metarl's PPO against the real PureJaxRL PPO (patched copy in ./purejaxrl_ppo/), in ONE process.
+"""metarl's PPO against the real PureJaxRL PPO (from a checkout: ``--purejaxrl DIR``), in ONE process.
 
 Both train CartPole-v1 with PureJaxRL's default PPO config (4 envs x 128 steps, 4 epochs x 4
 minibatches, 64x64 tanh actor and critic, Adam 2.5e-4 annealed, gamma 0.99, GAE 0.95, clip 0.2),
@@ -25,18 +25,13 @@ One JSON object goes to stdout (progress to stderr), with ``ratio_metarl_over_pu
 (> 1: metarl is faster) and of compile seconds (< 1: metarl compiles faster), and the load average
 before and after each agent count.
 
-PureJaxRL's PPO needs distrax; install it beside the venv, not into it (its own dependencies
-jax, flax, optax, numpy, gymnax are metarl's)::
+PureJaxRL's PPO is loaded from a PureJaxRL checkout named by ``--purejaxrl DIR`` or ``$METARL_PUREJAXRL``
+(``benchmarks/peers.py``: how to get one, the distrax it needs beside the venv, and what is adapted for
+gymnax 1.0). Usage, from the repository's root (under ``timeout``: jax can hang on a 2-core CPU, see
+docs/performance.md, "Which jax")::
 
-    python -m pip install --no-deps --target ~/.cache/purejaxrl-extra distrax==0.1.9 \\
-        tfp-nightly==0.26.0.dev20261027 chex==0.1.92 toolz==1.2.0 decorator==5.3.1 gast==0.7.0 \\
-        dm-tree==0.1.10 attrs==26.1.0 wrapt==2.5.2
-
-The folder is taken from ``PUREJAXRL_EXTRA`` (default ``~/.cache/purejaxrl-extra``) and appended to
-``sys.path``, so the venv's jax/flax/optax win. Usage, from the metarl checkout (under ``timeout``:
-jax can hang on a 2-core CPU, see docs/performance.md, "Which jax")::
-
-    timeout 1800 python benchmarks/ppo_side_by_side.py --agents 1 8 32 --repeats 3 --total-timesteps 1e5
+    timeout 1800 python -m benchmarks.ppo_side_by_side --purejaxrl DIR --agents 1 8 32 --repeats 3 \\
+        --total-timesteps 1e5 > benchmarks/results/ppo_side_by_side_2core.json
 
 ``--compile metarl`` compiles both with the options metarl's own runs use on a CPU
 (``metarl.compilation.compiler_options()``), ``--compile single-agent`` both with those it suggests
@@ -45,26 +40,15 @@ for one agent (``metarl.compilation.SINGLE_AGENT_CPU_OPTIONS``); the default is 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-PJR_DIR = os.path.join(HERE, "purejaxrl_ppo")
-EXTRA = os.environ.get("PUREJAXRL_EXTRA", os.path.expanduser("~/.cache/purejaxrl-extra"))
-if os.path.isdir(EXTRA) and EXTRA not in sys.path:
-    sys.path.append(EXTRA)  # distrax & co.; appended so the venv's jax/flax/optax win
+import jax
 
-import jax  # noqa: E402
-
-try:  # run as a script: benchmarks/ is on sys.path
-    import flop_rate
-except ImportError:  # imported as benchmarks.ppo_side_by_side
-    from benchmarks import flop_rate
+from benchmarks import flop_rate, peers
 
 IMPLS = ("metarl", "purejaxrl")
 # PureJaxRL's purejaxrl/ppo.py __main__ config for CartPole-v1, verbatim.
@@ -80,16 +64,6 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def load_purejaxrl():
-    if PJR_DIR not in sys.path:
-        sys.path.insert(0, PJR_DIR)  # its ppo.py does `from wrappers import ...`
-    spec = importlib.util.spec_from_file_location("purejaxrl_ppo", os.path.join(PJR_DIR, "ppo.py"))
-    mod = importlib.util.module_from_spec(spec)
-    with contextlib.redirect_stdout(sys.stderr):  # an optional import of its wrappers prints; stdout is the JSON's
-        spec.loader.exec_module(mod)
-    return mod
-
-
 def make_one(impl: str, total: int, update_epochs: int = PJR_CONFIG["UPDATE_EPOCHS"]):
     """(train(key) for one agent, key maker(seed, n), frames per agent per call)."""
     if impl == "metarl":
@@ -99,7 +73,7 @@ def make_one(impl: str, total: int, update_epochs: int = PJR_CONFIG["UPDATE_EPOC
         return (lambda k: train(k)), (lambda s, n: jax.random.split(jax.random.key(s), n)), config.frames_per_run
     if impl == "purejaxrl":
         config = dict(PJR_CONFIG, TOTAL_TIMESTEPS=float(total), UPDATE_EPOCHS=update_epochs)
-        train = load_purejaxrl().make_train(config)  # sets config["NUM_UPDATES"]
+        train = peers.load("ppo").make_train(config)  # sets config["NUM_UPDATES"]
         frames = int(config["NUM_UPDATES"]) * config["NUM_STEPS"] * config["NUM_ENVS"]
         return train, (lambda s, n: jax.random.split(jax.random.PRNGKey(s), n)), frames
     raise ValueError(f"impl: {impl!r}; allowed: {', '.join(IMPLS)}")
@@ -133,7 +107,10 @@ def main() -> None:
     parser.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--compile", choices=("default", "metarl", "single-agent"), default="default")
     parser.add_argument("--compile-repeats", type=int, default=3)
+    peers.add_option(parser)
     args = parser.parse_args()
+    if "purejaxrl" in args.impl:
+        peers.require(args.purejaxrl, "ppo", parser.prog)
     options = None
     if args.compile != "default":
         from metarl import compilation

@@ -19,7 +19,7 @@ object to stdout (progress goes to stderr):
 
 Usage (run under ``timeout``: jax 0.10 can deadlock on 2 CPU cores, see docs/performance.md, "Which jax")::
 
-    timeout 1800 python benchmarks/ppo_throughput.py [--agents 1 8 32] [--repeats 3]
+    timeout 1800 python -m benchmarks.ppo_throughput [--agents 1 8 32] [--repeats 3]
         [--total-timesteps 500000] [--impl metarl reference] [--compile default|metarl]
 
 ``--compile metarl`` compiles both implementations with the options metarl's own runs use on a CPU
@@ -38,11 +38,7 @@ import jax
 
 from metarl.inner_loops.ppo import PPOConfig, make_train as make_metarl_train
 
-try:  # run as a script: benchmarks/ is on sys.path
-    import flop_rate
-    import reference_ppo
-except ImportError:  # imported as benchmarks.ppo_throughput
-    from benchmarks import flop_rate, reference_ppo
+from benchmarks import flop_rate, reference_ppo
 
 IMPLS = ("metarl", "reference")
 

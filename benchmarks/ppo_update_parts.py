@@ -15,10 +15,10 @@ Not 1 epoch: with one, PureJaxRL's epoch loop of a single iteration compiles int
 Also counted, on each compiled 4-epoch program: the instructions it executes per update
 (``flop_rate.hlo_op_counts``: a fusion counts one, loops unrolled by their trip counts).
 
-One JSON object goes to stdout (progress to stderr); PureJaxRL's PPO needs distrax beside the venv (see
-``ppo_side_by_side.py``)::
+One JSON object goes to stdout (progress to stderr); PureJaxRL's PPO comes from the checkout that
+``--purejaxrl DIR`` or ``$METARL_PUREJAXRL`` names (``benchmarks/peers.py``)::
 
-    timeout 1800 python benchmarks/ppo_update_parts.py --agents 1 8 32 --repeats 8
+    timeout 1800 python -m benchmarks.ppo_update_parts --purejaxrl DIR --agents 1 8 32 --repeats 8
 
 ``--compile single-agent`` compiles all with ``metarl.compilation.SINGLE_AGENT_CPU_OPTIONS``.
 """
@@ -32,12 +32,8 @@ import sys
 
 import jax
 
-try:  # run as a script from the checkout
-    import flop_rate
-    import ppo_side_by_side as side_by_side
-except ImportError:  # imported as benchmarks.ppo_update_parts
-    from benchmarks import flop_rate
-    from benchmarks import ppo_side_by_side as side_by_side
+from benchmarks import flop_rate, peers
+from benchmarks import ppo_side_by_side as side_by_side
 
 from metarl import compilation
 
@@ -55,7 +51,10 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=float, default=65536)
     parser.add_argument("--impl", nargs="+", choices=side_by_side.IMPLS, default=list(side_by_side.IMPLS))
     parser.add_argument("--compile", choices=("default", "single-agent"), default="default")
+    peers.add_option(parser)
     args = parser.parse_args()
+    if "purejaxrl" in args.impl:
+        peers.require(args.purejaxrl, "ppo", parser.prog)
     options = compilation.SINGLE_AGENT_CPU_OPTIONS if args.compile == "single-agent" else None
     total = int(args.total_timesteps)
     args.impl = list(dict.fromkeys(args.impl))

@@ -5,7 +5,7 @@ median of several timed runs after compilation, with compile seconds reported se
 
 Usage::
 
-    python benchmarks/q_learning_throughput.py [--steps 1000000] [--agents 30] [--repeats 5]
+    python -m benchmarks.q_learning_throughput [--steps 1000000] [--agents 30] [--repeats 5]
 """
 from __future__ import annotations
 

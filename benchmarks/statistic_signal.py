@@ -16,7 +16,7 @@ jitted call per task, and reports for each statistic:
 The statistic with the larger d needs fewer seeds (the number falls with d squared) to rank the same
 members. Prints one JSON object (progress on stderr)::
 
-    python benchmarks/statistic_signal.py --tuned docs/runs/tuned_schedule_h100/tuned.json --seeds 32
+    python -m benchmarks.statistic_signal --tuned docs/runs/tuned_schedule_h100/tuned.json --seeds 32
 
 ``--tuned`` reads the hyperparameters of a run's ``tuned.json`` (and its ``configured`` ones for the
 "as configured" variant); without it the first variant is PPOConfig's defaults.

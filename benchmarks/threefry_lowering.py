@@ -10,14 +10,15 @@ keys compiled in 0.3 s). Both rules compute the same hash, so the programs give 
 here on metarl's trainer).
 
 For each agent count, metarl's PPO and PureJaxRL's (``ppo_side_by_side.make_one``: CartPole-v1,
-PureJaxRL's config; ``--algo dqn``: the DQNs of ``dqn_side_by_side.py``) are compiled under each rule
+PureJaxRL's config; ``--algo dqn``: the DQNs of ``dqn_side_by_side.py``; PureJaxRL's from the checkout
+that ``--purejaxrl DIR`` or ``$METARL_PUREJAXRL`` names, ``benchmarks/peers.py``) are compiled under each rule
 (the rule is registered before each lowering; ``--compile-repeats`` compilations from empty caches,
 alternating), then run alternating (``--repeats``). JSON to stdout: median compile seconds and
 frames/s per implementation and rule; with ``--small-programs``, also the compile time of 144 small
 random programs under each rule. Both rules are read from JAX's internals, so this script names
 the modules of jax 0.9 and 0.11.
 
-    timeout 1800 python benchmarks/threefry_lowering.py --agents 1 8 32 --repeats 5 --compile-repeats 2
+    timeout 1800 python -m benchmarks.threefry_lowering --purejaxrl DIR --agents 1 8 32 --repeats 5 --compile-repeats 2
 """
 from __future__ import annotations
 
@@ -34,12 +35,8 @@ import numpy as np
 from jax.extend.random import threefry2x32_p
 from jax.interpreters import mlir
 
-try:  # run as a script: benchmarks/ is on sys.path
-    import dqn_side_by_side
-    import ppo_side_by_side as sbs
-except ImportError:  # imported as benchmarks.threefry_lowering
-    from benchmarks import dqn_side_by_side
-    from benchmarks import ppo_side_by_side as sbs
+from benchmarks import dqn_side_by_side, peers
+from benchmarks import ppo_side_by_side as sbs
 
 try:  # JAX's CPU rule, and the hash it lowers with use_rolled_loops=False elsewhere
     from jax._src.random.threefry2x32 import _threefry2x32_cpu_lowering_rule as ROLLED  # jax 0.11
@@ -95,7 +92,9 @@ def main() -> None:
     parser.add_argument("--small-programs", action="store_true", help="also time compile_small_programs()")
     parser.add_argument("--algo", choices=("ppo", "dqn"), default="ppo",
                         help="dqn: the two DQNs of dqn_side_by_side.py (their config, metrics every 5,000 steps as there)")
+    peers.add_option(parser)
     args = parser.parse_args()
+    peers.require(args.purejaxrl, args.algo, parser.prog)
     total = int(args.total_timesteps)
     if args.algo == "ppo":
         build = lambda impl, n: sbs.build(impl, total, n, None)  # noqa: E731

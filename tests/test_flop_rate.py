@@ -1,12 +1,8 @@
 """benchmarks/flop_rate.py's counts on a compiled program: each loop's body times its trip count."""
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import flop_rate  # noqa: E402
+from benchmarks import flop_rate
 
 
 def test_a_loop_body_counts_once_per_iteration():

@@ -14,10 +14,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_one_run_reports_this_jax_and_a_finished_run():
     out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "jax_deadlock_check.py"), "--runs", "1",
+        [sys.executable, "-m", "benchmarks.jax_deadlock_check", "--runs", "1",
          "--seeds", "1", "--total-timesteps", "512", "--compile", "metarl", "--timeout", "60",
          "--compile-timeout", "240"],
-        capture_output=True, text=True, timeout=300, check=True).stdout
+        capture_output=True, text=True, timeout=300, check=True, cwd=ROOT).stdout
     result = json.loads(out)
     assert result["jax"] == jax.__version__ and result["python"] == sys.executable
     assert (result["runs"], result["hangs"], result["errors"]) == (1, 0, 0)
