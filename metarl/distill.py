@@ -326,7 +326,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
     report = {"run_dir": str(run_dir), "generation": info.get("generation"), "fitness": info.get("fitness"),
               "from": str(generation), **report}
     fig = distill_figure(task, meta, problem, report, visited)
-    report["figure"] = str(plots.save(fig, RunDir(run_dir).figure(FIGURE)))
+    report["figure"] = str(plots.save(fig, RunDir(run_dir).figures / FIGURE))
     report["json"] = str(RunDir(run_dir).write_distill(report))
     report["seconds"] = round(time.perf_counter() - t, 2)
     return report

@@ -307,12 +307,12 @@ def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix
             frames, {label: curves[spec.name][label] for label in labels},
             f"{loaded.task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {report['num_seeds']} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
-        row["figure"] = str(plots.save(fig, run_dir.figure(name)))
+        row["figure"] = str(plots.save(fig, run_dir.figures / name))
     if len(rows) > 1:
         role = lambda r: loaded.side(r).label if loaded.side(r) else None  # noqa: E731
         fig = plots.task_scores_figure(rows, report["aggregate"], role("learned"), role("baseline"), role("formula"),
                                        role("configured"))
-        report["figure"] = str(plots.save(fig, run_dir.figure(f"evaluation{suffix}.png")))
+        report["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}.png"))
     else:
         report["figure"] = rows[0]["figure"]
 

@@ -58,37 +58,17 @@ class RunDir(os.PathLike):
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.ckpt, self.figures, self.lock = self.path / CKPT, self.path / FIGURES, self.path / LOCK
 
     def __fspath__(self) -> str:
         return str(self.path)
 
-    def __str__(self) -> str:
-        return str(self.path)
-
-    def __repr__(self) -> str:
-        return f"RunDir({str(self.path)!r})"
-
-    # --- where things are --------------------------------------------------------------------------
-
-    @property
-    def ckpt(self) -> Path:
-        return self.path / CKPT
-
-    @property
-    def figures(self) -> Path:
-        return self.path / FIGURES
-
-    @property
-    def lock(self) -> Path:
-        return self.path / LOCK
+    __str__ = __fspath__
 
     @property
     def tune(self) -> "RunDir":
         """The tuning search's own run directory."""
         return RunDir(self.path / TUNE)
-
-    def figure(self, name: str) -> Path:
-        return self.figures / name
 
     def evaluation(self, suffix: str = "") -> Path:
         return self.path / f"evaluation{suffix}.json"
