@@ -2,7 +2,7 @@
 
 Each population size runs in a fresh process (so the compile seconds and the peak memory are that
 size's alone), built through metarl's own code: ``metarl.config.load("value_loss", ...)`` and
-``metarl.run.build_evolution``, then one compiled generation timed ``--generations`` times. The
+``metarl.search.build_evolution``, then one compiled generation timed ``--generations`` times. The
 inner PPO is the value_loss GPU preset (CartPole, 4 envs x 64 steps, 2 seeds per member) with
 ``--timesteps`` frames per run: frames/s per generation hardly depends on the run's length once a run
 has a few hundred updates, so a shorter run measures the same rate in less device time. Prints one
@@ -30,13 +30,13 @@ def one(popsize: int, args) -> dict:
     import jax
 
     from metarl import config as config_lib
-    from metarl import devices, run
+    from metarl import devices, search
 
     overrides = [f"es.popsize={popsize}", f"fitness.num_seeds={args.num_seeds}", "inner.num_steps=64",
                  f"inner.num_envs={args.num_envs}", f"inner.total_timesteps={args.timesteps}",
                  "es.lr=0.05", "es.adam_b1=0.99", f"es.generations={args.generations}"]
     cfg = config_lib.load("value_loss", overrides)
-    task, evo = run.build_evolution(cfg)
+    task, evo = search.build_evolution(cfg)
     state = devices.replicate(evo.init(jax.random.key(cfg.seed)), evo.mesh)
     jax.block_until_ready(state)
     t0 = time.perf_counter()
