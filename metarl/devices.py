@@ -16,7 +16,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from orbax.checkpoint import multihost as ocp_multihost
 
-from metarl import checkpoints, compilation
+from metarl import compilation, rundir
 
 # JAX's own ways to set the CPU device count, which ``num_cpu_devices=auto`` leaves to the user.
 CPU_DEVICE_SETTINGS = ("JAX_NUM_CPU_DEVICES", "xla_force_host_platform_device_count")
@@ -118,8 +118,8 @@ def replicate(tree: Any, mesh: Optional[Any]) -> Any:
     sharding = NamedSharding(mesh, P())
 
     def place(x):
-        value = checkpoints.to_host(x)
-        return checkpoints.from_host(jax.make_array_from_callback(value.shape, sharding, lambda index: value[index]), x)
+        value = rundir.to_host(x)
+        return rundir.from_host(jax.make_array_from_callback(value.shape, sharding, lambda index: value[index]), x)
 
     return jax.tree.map(place, tree)
 
@@ -204,5 +204,5 @@ def agree(flag: int, name: str, timeout_s: float = 3600.0) -> int:
 
 def assert_same_everywhere(tree: Any) -> None:
     if jax.process_count() > 1:
-        multihost_utils.assert_equal(jax.tree.map(checkpoints.to_host, tree),
+        multihost_utils.assert_equal(jax.tree.map(rundir.to_host, tree),
                                      "the evolution state differs between processes")

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metarl import checkpoints, compilation, kinds, results
+from metarl import compilation, kinds, results, rundir
 from metarl.cli import check_run_to_read, run_command
 from metarl.rundir import DISTILL, RunDir
 from metarl.config import ConfigError
@@ -309,7 +309,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
     if generation == "best":
         meta, info = RunDir(run_dir).read_best(task.template)
     else:
-        with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as ckpt:
+        with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as ckpt:
             steps = sorted(ckpt.manager.all_steps())
             if generation not in steps:
                 raise ConfigError(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"

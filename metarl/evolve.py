@@ -28,7 +28,7 @@ from metarl import config as config_lib
 from metarl.cli import _refuse_search_change, check_existing, fail
 from metarl.config import ConfigError
 from metarl.rundir import RunDir
-from metarl.runlock import unique_dir
+from metarl.rundir import unique_dir
 
 # What main() returns after a sweep: its exit code (set by the sweep's callback in this process).
 _sweep_exit: list[int] = []

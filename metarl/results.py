@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
-from metarl import checkpoints
+from metarl import rundir
 from metarl.config import RunConfig, from_dict, with_tuned
 from metarl.rundir import RunDir
 from metarl.tasks import build_task
@@ -35,8 +35,8 @@ def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = No
 def history(run_dir: str | Path) -> list[dict]:
     """Per-generation records: the run's metrics, or the latest checkpoint's copy if that is longer."""
     records = RunDir(run_dir).metrics()
-    with contextlib.suppress(checkpoints.CheckpointError):
-        ckpt = checkpoints.Checkpointer(run_dir, write=False)
+    with contextlib.suppress(rundir.CheckpointError):
+        ckpt = rundir.Checkpointer(run_dir, write=False)
         if ckpt.latest_step() is not None:
             records = max(records, ckpt.read_meta()["history"], key=len)  # the first of two as long
         ckpt.close()

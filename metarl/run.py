@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from metarl import devices, runlock, stages
+from metarl import devices, rundir, stages
 from metarl import config as config_lib
 from metarl.rundir import CheckpointError
 from metarl.cli import check_existing, fail
@@ -96,8 +96,8 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -
     lock, refused = None, None
     if jax.process_index() == 0:
         try:
-            lock = runlock.acquire(run_dir) if named or resuming else runlock.acquire_new(run_dir)
-        except runlock.RunDirLocked as err:
+            lock = rundir.acquire(run_dir) if named or resuming else rundir.acquire_new(run_dir)
+        except rundir.RunDirLocked as err:
             refused = str(err)
     try:
         # Every process of a multi-host run stops, not only process 0 (the rest would wait).

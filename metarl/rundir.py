@@ -13,14 +13,23 @@ metarl asks a ``RunDir`` for a path or a file's contents and never spells a file
     distill.json               ``metarl.distill``'s front of formulas
     mlflow_run.json            the MLflow run the directory logs to (a run's, or a sweep's)
     wandb/                     the wandb run
-    .lock                      the directory's lock (``metarl.runlock``)
+    .lock                      the directory's lock: filelock's (``fcntl.flock`` underneath, not a PID
+                               file), which the kernel drops when the holder's descriptor closes, SIGKILL
+                               included, so no stale lock is left; the PID and host written in it only
+                               name the holder to a refused process
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import shutil
+import socket
 from pathlib import Path
 from typing import Any, Optional
+
+from filelock import FileLock, Timeout
 
 from metarl.config import ConfigError
 
@@ -228,3 +237,168 @@ class RunDir(os.PathLike):
         params = serialization.msgpack_restore((self.path / BEST_PARAMS).read_bytes())
         info = json.loads((self.path / BEST_INFO).read_text())
         return (params if template is None else serialization.from_state_dict(template, params)), info
+
+
+# --- checkpoints (ckpt/) -------------------------------------------------------------------------------
+
+def _ocp():
+    # Imported when a checkpoint is first read or written, not with this module: it takes seconds,
+    # and the CLI checks its input (naming CheckpointError) before touching any checkpoint.
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+def _is_key(x) -> bool:
+    import jax
+
+    return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def to_host(x):
+    """A host NumPy copy of one leaf, a PRNG key as its raw data (``from_host`` wraps it again)."""
+    import jax
+    import numpy as np
+
+    return np.asarray(jax.device_get(jax.random.key_data(x) if _is_key(x) else x))
+
+
+def from_host(value, template):
+    import jax
+
+    if _is_key(template):
+        return jax.random.wrap_key_data(value, impl=jax.random.key_impl(template))
+    return value
+
+
+class Checkpointer:
+    """The run directory's Orbax checkpoints. A checkpoint at generation G holds the evolution state
+    after G generations and, as JSON, the history of the G generations and the resolved config. Orbax
+    writes each step to a temporary directory and renames it when complete, so a kill mid-write leaves
+    the previous checkpoint intact; the leftover is removed."""
+
+    def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
+        import jax
+
+        ocp = _ocp()
+        self.write = write  # only process 0 writes in a multi-process run
+        self.dir = ckpt_dir = RunDir(run_dir).ckpt
+        self.removed_incomplete = []  # step directories a kill left half-written (Orbax never reads them)
+        if write:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            for child in ckpt_dir.iterdir():
+                if child.is_dir() and "orbax-checkpoint-tmp" in child.name:
+                    shutil.rmtree(child, ignore_errors=True)
+                    self.removed_incomplete.append(child.name)
+        # Each process runs its own manager over host copies of the (replicated) state: only process 0
+        # saves, and Orbax's cross-process barriers would wait forever for processes that never save.
+        me = jax.process_index()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, cleanup_tmp_directories=write, enable_async_checkpointing=False, create=False,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
+        self.manager = ocp.CheckpointManager(os.path.abspath(ckpt_dir), options=options)
+
+    def latest_step(self) -> Optional[int]:
+        return self.manager.latest_step()
+
+    def save(self, generation: int, state: Any, history: list[dict], config: dict) -> None:
+        if not self.write or generation in self.manager.all_steps():  # a resumed run reaching a saved step again
+            return
+        # Host NumPy only, PRNG keys as their raw data: in a multi-process run Orbax refuses host-local
+        # jax.Arrays, and a global one makes it expect every process to write.
+        import jax
+
+        meta = {"generation": generation, "history": history, "config": config}
+        ocp = _ocp()
+        self.manager.save(generation, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(jax.tree.map(to_host, state)), meta=ocp.args.JsonSave(meta)))
+        self.manager.wait_until_finished()
+
+    def restore(self, template_state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
+        import jax
+        import numpy as np
+
+        restored = self._read(step, state=jax.tree.map(lambda x: np.zeros_like(to_host(x)), template_state))
+        return jax.tree.map(from_host, restored["state"], template_state), restored["meta"]
+
+    def read_meta(self, step: Optional[int] = None) -> dict:
+        """The JSON part only (history and config): enough for plots, no template needed."""
+        return self._read(step)["meta"]
+
+    def _read(self, step: Optional[int], **abstract) -> dict:
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"{self.dir}: no checkpoint to restore")
+        ocp = _ocp()
+        parts = {name: ocp.args.StandardRestore(tree) for name, tree in abstract.items()}
+        try:
+            return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **parts))
+        except Exception as err:  # Orbax raises many types for unreadable data
+            raise CheckpointError(f"{self.dir / str(step)}: checkpoint unreadable "
+                                  f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+
+    def close(self):
+        self.manager.close()
+
+
+# --- the lock (.lock) ----------------------------------------------------------------------------------
+
+class RunDirLocked(RuntimeError):
+    """Another live process holds the run directory; the message is one line naming it."""
+
+
+class RunLock:
+    """A held run directory; the lock is released by ``release`` or when this process ends."""
+
+    def __init__(self, lock: FileLock, run_dir: Path):
+        self.lock, self.run_dir = lock, run_dir
+
+    def release(self) -> None:
+        self.lock.release(force=True)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the lock, from what the holder wrote: ``pid P host H``."""
+    with contextlib.suppress(OSError):
+        holder = re.match(r"pid (\d+) host (\S+)\n", path.read_text(errors="replace"))
+        if holder:
+            return f"process {holder[1]} on host {holder[2]}"
+    return "another process"
+
+
+def acquire(run_dir: str | Path) -> RunLock:
+    """Create ``run_dir`` if needed and hold its lock, or raise ``RunDirLocked`` having changed nothing
+    (the lock file of a held directory already exists and is only opened). Keep the returned lock: it is
+    released when it is garbage-collected."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = RunDir(run_dir).lock
+    lock = FileLock(path, timeout=0, thread_local=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunDirLocked(f"run_dir: {run_dir} is in use by {_holder(path)}; allowed: wait for that run to end "
+                           "(or stop it), or choose another run_dir") from None
+    path.write_text(f"pid {os.getpid()} host {socket.gethostname()}\n")
+    return RunLock(lock, run_dir)
+
+
+def acquire_new(candidate: str | Path) -> RunLock:
+    """A default run directory: ``candidate`` or, if another run took that name in the meantime,
+    ``candidate-2``, ``candidate-3``, ...; created with an exclusive mkdir so that two runs started
+    in the same second never share one."""
+    while True:
+        path = unique_dir(Path(candidate))
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(parents=True)
+            return acquire(path)
+
+
+def unique_dir(path: Path) -> Path:
+    """``path``, or ``path-2``, ``path-3``, ... if it exists; made unique for good when it is created
+    (``acquire_new``)."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = Path(f"{path}-{n}")
+    return candidate

@@ -13,7 +13,7 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from metarl import checkpoints, compilation, devices
+from metarl import compilation, devices, rundir
 from metarl.cli import stop_signals_to
 from metarl.config import RunConfig
 from metarl.progress import progress
@@ -75,7 +75,7 @@ def restore(cfg: RunConfig, run_dir: RunDir, evo: Evolution) -> Restored:
     raises ``CheckpointError`` before the caller has touched the run directory. The state's shapes do
     not depend on tuned values or reference returns, so any evolution of the run's search restores it."""
     state = evo.init(jax.random.key(cfg.seed))
-    with contextlib.closing(checkpoints.Checkpointer(run_dir, write=False)) as reader:
+    with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as reader:
         step = reader.latest_step()  # None without a checkpoint directory, which a reader does not create
         if step is None:
             return Restored(state, 0, [])
@@ -100,7 +100,7 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
     checkpoint keeps."""
     is_main = jax.process_index() == 0
     history, start = list(restored.history), restored.start
-    ckpt = checkpoints.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
+    ckpt = rundir.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
     # A global, fully replicated state on the mesh: what the compiled generation takes and returns.
     state = devices.replicate(restored.state, evo.mesh)
     if is_main:

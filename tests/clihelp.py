@@ -135,12 +135,12 @@ def final_state(run_dir):
     """``(evolution state, checkpoint meta)`` of the run's latest checkpoint, on one device."""
     import jax
 
-    from metarl import checkpoints
+    from metarl import rundir
     from metarl.results import load_config
     from metarl.search import build_evolution
 
     _, evo = build_evolution(load_config(run_dir), mesh=None)
-    ckpt = checkpoints.Checkpointer(run_dir, write=False)
+    ckpt = rundir.Checkpointer(run_dir, write=False)
     try:
         return ckpt.restore(evo.init(jax.random.key(0)))
     finally:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from clihelp import TINY, alive, children_of, env_vars, final_state, records
-from metarl import runlock
+from metarl import rundir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 PR_SET_CHILD_SUBREAPER = 36  # Linux prctl: orphaned descendants are re-parented to this process
@@ -81,7 +81,7 @@ def assert_nothing_left(run: Run):
     (anything it started and left is now a child of this process, the subreaper)."""
     left = [pid for pid in children_of(os.getpid()) if alive(pid)]
     assert not left, f"processes the run started outlive it: {left}"
-    lock = runlock.acquire(run.run_dir)  # raises RunDirLocked, naming the holder, if one is left
+    lock = rundir.acquire(run.run_dir)  # raises RunDirLocked, naming the holder, if one is left
     lock.release()
 
 

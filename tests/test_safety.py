@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from clihelp import TINY, env_vars, evolve, snapshot
-from metarl import runlock
+from metarl import rundir
 from metarl.logger import Logger
 from metarl.rundir import RunDir
 
 HOLD = ("import sys, time\n"
-        "from metarl import runlock\n"
-        "lock = runlock.acquire(sys.argv[1])\n"
+        "from metarl import rundir\n"
+        "lock = rundir.acquire(sys.argv[1])\n"
         "print('held', flush=True)\n"
         "time.sleep(120)\n")
 
@@ -37,13 +37,13 @@ def test_lock_names_its_holder_and_is_released_by_sigkill(tmp_path):
     run_dir = tmp_path / "run"
     holder = hold_in_child(run_dir)
     try:
-        with pytest.raises(runlock.RunDirLocked, match=f"in use by process {holder.pid} on host "):
-            runlock.acquire(run_dir)
+        with pytest.raises(rundir.RunDirLocked, match=f"in use by process {holder.pid} on host "):
+            rundir.acquire(run_dir)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     # The kernel dropped the lock with the killed process: no stale lock to clean up.
-    lock = runlock.acquire(run_dir)
+    lock = rundir.acquire(run_dir)
     try:
         assert f"pid {os.getpid()} " in RunDir(run_dir).lock.read_text()
     finally:
@@ -53,7 +53,7 @@ def test_lock_names_its_holder_and_is_released_by_sigkill(tmp_path):
 @pytest.mark.timeout(180)
 def test_cli_is_refused_while_another_process_holds_the_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    lock = runlock.acquire(run_dir)
+    lock = rundir.acquire(run_dir)
     try:
         before = snapshot(tmp_path)
         proc = evolve(["experiment=value_loss", *TINY, f"run_dir={run_dir}"],
