@@ -30,6 +30,10 @@ from metarl.stats import t_interval
 EVAL_ROOT = 10_000
 FINAL_WINDOW = 0.1
 ALPHA = 0.05
+# Who is tested against whom, where both sides are evaluated: the row's key of Welch's test, the
+# aggregate's key (None: the aggregate itself), the challenger's role and the reference's.
+COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_configured", "learned", "configured"),
+               ("test_formula", "formula", "formula", "baseline"))
 
 
 def eval_keys(run_seed: int, num_seeds: int):
@@ -261,7 +265,8 @@ def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
     from metarl.outer_loops.fitness import final_window_mean, spans
 
     task, labels = loaded.task, {side.role: side.label for side in loaded.sides}
-    learned, baseline = labels["learned"], labels["baseline"]
+    baseline = labels["baseline"]
+    pairs = [c for c in COMPARISONS if c[2] in labels and c[3] in labels]
     rows, normalized = [], {True: [], False: []}  # per split, per task: {side: normalised scores}
     for spec, inner, trained in zip(task.specs, task.inner_configs, loaded.on_train):
         c = curves[spec.name]
@@ -277,21 +282,14 @@ def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
                "random_return": random_mean,
                "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
                "normalized_ci95": {label: [float(b) for b in t_interval(v)] for label, v in norm.items()},
-               "test": compare(finals[learned], finals[baseline])}
-        if "formula" in labels:
-            row["test_formula"] = compare(finals[labels["formula"]], finals[baseline])
-        if "configured" in labels:
-            row["test_configured"] = compare(finals[learned], finals[labels["configured"]])
+               **{test: compare(finals[labels[a]], finals[labels[b]]) for test, _, a, b in pairs}}
         rows.append(row)
     aggregates = {}
     for trained, name in ((False, "held-out"), (True, "trained-on")):
         if normalized[trained]:
             scores = {label: np.stack([n[label] for n in normalized[trained]], axis=1) for label in labels.values()}
-            aggregates[name] = aggregate(scores[learned], scores[baseline])
-            if "formula" in labels:
-                aggregates[name]["formula"] = aggregate(scores[labels["formula"]], scores[baseline])
-            if "configured" in labels:
-                aggregates[name]["vs_configured"] = aggregate(scores[learned], scores[labels["configured"]])
+            (_, main), *others = [(key, aggregate(scores[labels[a]], scores[labels[b]])) for _, key, a, b in pairs]
+            aggregates[name] = {**main, **dict(others)}
     return rows, aggregates
 
 
@@ -386,25 +384,21 @@ def _table(report: dict, roles: dict) -> list[str]:
 def _aggregate_lines(report: dict, roles: dict) -> list[str]:
     """Per split, the IQM of each side's normalised scores and the probabilities of improvement."""
     ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"  # noqa: E731
-    learned, baseline = _short(roles["learned"]), _short(roles["baseline"])
-    configured, formula = _short(roles.get("configured", "")), roles.get("formula")
+    named = {"learned": "learned", "formula": roles.get("formula"), "baseline": _short(roles["baseline"]),
+             "configured": _short(roles.get("configured", ""))}
     lines = []
-    for name, a in report["aggregate"].items():
-        iqms = [f"{learned} {a['iqm_learned']:.3f} {ci(a['iqm_learned_ci95'])}",
-                f"{baseline} {a['iqm_baseline']:.3f} {ci(a['iqm_baseline_ci95'])}"]
-        better = [f"P(learned > {baseline}) = {a['probability_of_improvement']:.3f} "
-                  f"{ci(a['probability_of_improvement_ci95'])}"]
-        if configured:
-            v = a["vs_configured"]
-            iqms.append(f"{configured} {v['iqm_baseline']:.3f} {ci(v['iqm_baseline_ci95'])}")
-            better.append(f"P(learned > {configured}) = {v['probability_of_improvement']:.3f} "
+    for name, agg in report["aggregate"].items():
+        iqms = [f"{_short(roles['learned'])} {agg['iqm_learned']:.3f} {ci(agg['iqm_learned_ci95'])}",
+                f"{named['baseline']} {agg['iqm_baseline']:.3f} {ci(agg['iqm_baseline_ci95'])}"]
+        better = []
+        for _, key, a, b in (c for c in COMPARISONS if c[2] in roles and c[3] in roles):
+            v = agg if key is None else agg[key]
+            if key is not None:  # the side this comparison adds: the configured baseline, or the formula
+                side, which = (b, "baseline") if a == "learned" else (a, "learned")
+                iqms.append(f"{named[side]} {v[f'iqm_{which}']:.3f} {ci(v[f'iqm_{which}_ci95'])}")
+            better.append(f"P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
                           f"{ci(v['probability_of_improvement_ci95'])}")
-        if formula:
-            v = a["formula"]
-            iqms.append(f"{formula} {v['iqm_learned']:.3f} {ci(v['iqm_learned_ci95'])}")
-            better.append(f"P({formula} > {baseline}) = {v['probability_of_improvement']:.3f} "
-                          f"{ci(v['probability_of_improvement_ci95'])}")
-        lines += [f"{name} ({a['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
+        lines += [f"{name} ({agg['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
                   "    " + "; ".join(better)]
     order = [roles[r] for r in ("learned", "formula", "baseline", "configured") if r in roles]
     return lines + ["(sides: " + "; ".join(order) + "; stratified bootstrap CIs as rliable computes them)"]
