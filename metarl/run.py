@@ -339,9 +339,7 @@ def run_generations(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", pre
     if tuned is not None:  # the same state; the learned part, the control and the reference on the tuned values
         cfg = config_lib.with_tuned(cfg, tuned)
         task, evo = build_evolution(cfg, mesh=evo.mesh)
-    logger = Logger(run_dir, config_dict, cfg.es.generations, progress=cfg.logger.progress,
-                    wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=is_main, task_names=task.names,
-                    mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
+    logger = Logger(run_dir, config_dict, cfg.es.generations, cfg.logger, write=is_main, task_names=task.names)
     logger.catch_up(history)
     reference = run_reference(cfg, task, run_dir, write=is_main, message=logger.message, shown=shown,
                               tuned=tuned and tuned["hyperparameters"])
