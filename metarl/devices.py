@@ -23,8 +23,7 @@ CPU_DEVICE_SETTINGS = ("JAX_NUM_CPU_DEVICES", "xla_force_host_platform_device_co
 
 
 def usable_cores() -> int:
-    """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (containers, SLURM)
-    rounded up, and by ``LOKY_MAX_CPU_COUNT`` if set (loky's count, through joblib)."""
+    """Cores this process may run on (loky's count): its affinity, a cgroup CPU quota, ``LOKY_MAX_CPU_COUNT``."""
     import joblib
 
     return joblib.cpu_count(only_physical_cores=False)

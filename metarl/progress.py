@@ -21,9 +21,8 @@ def on_terminal() -> bool:
 
 @contextlib.contextmanager
 def progress(description: str, total: Optional[int] = None, enabled: bool = True) -> Iterator[types.SimpleNamespace]:
-    """A line named ``description`` while the block runs: a bar over ``total`` steps, each ``bar.update()``
-    (from any thread), and the time elapsed, which rich redraws from its own refresh thread, since the
-    block may be one call that returns only at its end. Nothing else is redirected: stdout stays stdout."""
+    """A line named ``description`` while the block runs: a bar over ``total`` steps, each ``bar.update()`` (from any
+    thread), and the time elapsed, redrawn by rich's refresh thread (the block may be one long call)."""
     steps = [BarColumn(), MofNCompleteColumn()] if total else []
     with Progress(TextColumn("{task.description}"), *steps, TimeElapsedColumn(), console=Console(stderr=True),
                   transient=True, refresh_per_second=2, redirect_stdout=False, redirect_stderr=False,
