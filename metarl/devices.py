@@ -23,25 +23,10 @@ CPU_DEVICE_SETTINGS = ("JAX_NUM_CPU_DEVICES", "xla_force_host_platform_device_co
 
 
 def usable_cores() -> int:
-    """Cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (containers, SLURM)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    quota = _cgroup_cpu_quota()
-    return cores if quota is None else min(cores, max(1, int(quota)))
+    """Cores this process may run on (loky's count): its affinity, a cgroup CPU quota, ``LOKY_MAX_CPU_COUNT``."""
+    import joblib
 
-
-def _cgroup_cpu_quota() -> Optional[float]:
-    """CPUs the cgroup may use (quota / period), or None when unlimited or unknown."""
-    try:  # cgroup v2: "max 100000" or "200000 100000"
-        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:  # cgroup v1
-        quota = int(open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read())
-        period = int(open("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read())
-        return None if quota <= 0 else quota / period
-    except (OSError, ValueError):
-        return None
+    return joblib.cpu_count(only_physical_cores=False)
 
 
 # XLA ends the process (SIGABRT) when a CPU device has waited for another at a cross-device collective

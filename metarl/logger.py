@@ -1,11 +1,11 @@
-"""Per-generation reporting: a console line, ``metrics.jsonl`` and (optionally) Weights & Biases and
-MLflow, which get the same scalars (``scalars``), and at the end of a run the figures and the best
-meta-parameters; what goes where is in docs/tracking.md."""
+"""Per-generation reporting through one sink per tracker (``Logger``): a console line, ``metrics.jsonl`` and
+(optionally) Weights & Biases and MLflow, which get the same scalars (``scalars``), and at the end of a run the
+figures and the best meta-parameters; what goes where is in docs/tracking.md."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
-import json
 import logging
 import math
 import os
@@ -17,37 +17,8 @@ from pathlib import Path
 from statistics import median_high
 from typing import Callable, Optional
 
-from metarl.rundir import atomic_write
-from metarl.config import ConfigError, MlflowSection, flatten, show_value
-
-METRICS_FILE = "metrics.jsonl"
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / METRICS_FILE
-    records = []
-    for line in filter(str.strip, path.read_text().splitlines() if path.exists() else []):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill mid-write
-            break
-    return records
-
-
-def to_json_line(record: dict) -> str:
-    """``record`` as one line of JSON, every NaN or infinity as null: JSON has no token for them (Python's
-    json writes ``NaN``, which strict readers refuse)."""
-    return json.dumps(json.loads(json.dumps(record), parse_constant=lambda constant: None)) + "\n"
-
-
-def truncate_metrics(run_dir: str | Path, generations_done: int) -> None:
-    """Keep the records of the first ``generations_done`` generations: a resumed run recomputes the
-    rest, so each generation appears exactly once."""
-    path = Path(run_dir) / METRICS_FILE
-    if path.exists():
-        kept = [r for r in read_metrics(run_dir) if r.get("generation", 0) <= generations_done]
-        atomic_write(path, "".join(to_json_line(r) for r in kept))
-
+from metarl.rundir import FIGURES, METRICS, RunDir
+from metarl.config import ConfigError, LoggerSection, MlflowSection, WandbSection, flatten, show_value
 
 def say(text: str, error: bool = False) -> None:
     """A line on the console. A console that has gone away (a closed terminal: EIO; a closed pipe:
@@ -78,114 +49,142 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-class Logger:
-    def __init__(self, run_dir: Path, config: dict, total_generations: int, progress: bool = True,
-                 wandb_cfg: Optional[dict] = None, write: bool = True, task_names: Optional[list] = None,
-                 mlflow_cfg: Optional[MlflowSection] = None, verbose: bool = False):
-        self.run_dir = Path(run_dir)
-        self.total = total_generations
-        self.progress = progress and write
-        self.write = write
+class Sink:
+    """One tracker of a run; the ``Logger`` calls each method of each sink (what a sink lacks does nothing)."""
+    tracking = False   # whether it takes the run's scalars (the figures are made only for one that does)
+
+    def log(self, record: dict) -> None: pass
+    def message(self, text: str) -> None: pass
+    def catch_up(self, history: list) -> None: pass   # a resumed run's earlier records (from its checkpoint)
+    def log_results(self, figures: list, best_files: list, best_info: Optional[dict]) -> None: pass
+    def finish(self, summary: Optional[dict] = None, stopped: bool = False) -> None: pass  # stopped: by a signal
+
+
+class ConsoleSink(Sink):
+    """The messages, and with ``logger.progress`` a line per generation (docs/console.md)."""
+
+    def __init__(self, total: int, task_names: list, lines: bool):
+        self.total, self.task_names, self.lines = total, task_names, lines
         self.durations: deque = deque(maxlen=5)   # the last generations' seconds: the time left from their median
-        self.task_names = list(task_names or [])
-        self.wandb_run = None
-        self.last_step = 0
-        if write and wandb_cfg and wandb_cfg["mode"] != "disabled":
-            import wandb
-
-            # wandb's footer (the run's history and summary, some 30 lines) repeats metrics.jsonl and the
-            # last progress line; quiet keeps its lines on where the run is saved and how to sync it.
-            quiet = {} if verbose or "WANDB_QUIET" in os.environ else {"settings": wandb.Settings(quiet=True)}
-            # logger.wandb's fields are wandb.init's own; a sweep's runs share `group` (null: each run stands
-            # alone). The id is stable per run directory, so a resumed run continues the same wandb run.
-            self.wandb_run = wandb.init(**quiet, **{**wandb_cfg, "tags": list(wandb_cfg["tags"] or [])},
-                                        dir=str(self.run_dir), config=config, name=self.run_dir.name, resume="allow",
-                                        id=hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16])
-        self.mlflow: Optional[MlflowRun] = None
-        if write and mlflow_cfg is not None and mlflow_cfg.mode == "enabled":
-            self.mlflow = MlflowRun(mlflow_cfg, config.get("experiment", ""), self.run_dir, self.run_dir.name,
-                                    flatten(config), {"metarl.run_dir": str(self.run_dir)}, self.message,
-                                    parent_id=os.environ.get(PARENT_RUN_ENV))
-
-    def log(self, record: dict) -> None:
-        if not self.write:
-            return
-        with open(self.run_dir / METRICS_FILE, "a") as f:
-            f.write(to_json_line(record))
-        self.durations.append(record["seconds"])
-        if self.progress:
-            g = record["generation"]
-            left = (self.total - g) * median_high(self.durations)
-            bad = f" | diverged {record['nonfinite']}" if record.get("nonfinite") else ""
-            if record.get("signal") is not None:  # the share of the fitness spread that is not seed noise
-                bad += f" | signal {record['signal']:.2f}"
-            if record.get("best_vs_control") is not None:  # the best member's margin over the baseline
-                bad += f" | vs baseline {record['best_vs_control']:+.4g}"
-            if len(self.task_names) > 1 and "tasks" in record:  # the population's mean, raw (score)
-                bad += " | " + " ".join(f"{n} {t['raw_mean']:.1f} ({t['score_mean']:.2f})"
-                                        for n, t in record["tasks"].items())
-            say(f"gen {g:>4}/{self.total} | best {record['best']:9.2f} | mean {record['mean']:9.2f} | "
-                f"best so far {record['best_so_far']:9.2f} | {record['fps']:9.3g} frames/s | "
-                f"{record['seconds']:6.1f} s | left {_duration(left)}{bad}")
-        data = scalars(record) if self.tracking else {}
-        if self.wandb_run is not None:
-            import wandb
-
-            self.wandb_run.log({**data, "fitness": wandb.Histogram(record["fitness"])}, step=record["generation"])
-            self.last_step = record["generation"]
-        if self.mlflow is not None:
-            self.mlflow.log_generation(record["generation"], data)
-
-    def catch_up(self, history: list) -> None:
-        """Give MLflow the generations of ``history`` (a resumed run's, from its checkpoint) that it
-        lacks: those run while its server could not be reached, or after its last step was logged."""
-        if self.mlflow is not None:
-            for record in history:
-                self.mlflow.log_generation(record["generation"], scalars(record))
-
-    def log_results(self, figures: list, best_files: list, best_info: Optional[dict]) -> None:
-        """The end of a run: ``figures`` (PNG paths) and ``best_files`` (the exported best meta-parameters)
-        to MLflow as files, and to wandb as images and an artifact (a resumed run adds a new version)."""
-        if self.mlflow is not None:
-            self.mlflow.log_files(figures, "figures")
-            self.mlflow.log_files(best_files, "meta-params")
-        if self.wandb_run is None:
-            return
-        import wandb
-
-        images = {f"figures/{Path(p).stem}": wandb.Image(str(p)) for p in figures}
-        if images:
-            self.wandb_run.log(images, step=self.last_step)
-        if best_files:
-            name = re.sub(r"[^\w.-]", "-", f"{self.run_dir.name}-meta-params")
-            artifact = wandb.Artifact(name, type="meta-params", metadata=best_info or {},
-                                      description="best meta-parameters found (flax msgpack) and what they belong to")
-            for path in best_files:
-                artifact.add_file(str(path))
-            self.wandb_run.log_artifact(artifact)
-
-    @property
-    def tracking(self) -> bool:
-        """Whether a tracker (wandb, MLflow) takes this run's records."""
-        return self.wandb_run is not None or (self.mlflow is not None and self.mlflow.active)
 
     def message(self, text: str) -> None:
-        if self.write:
-            say(text, error=text.startswith("error"))
+        say(text, error=text.startswith("error"))
+
+    def log(self, r: dict) -> None:
+        self.durations.append(r["seconds"])
+        left = _duration((self.total - r["generation"]) * median_high(self.durations))
+        bad = f" | diverged {r['nonfinite']}" if r.get("nonfinite") else ""
+        if r.get("signal") is not None:  # the share of the fitness spread that is not seed noise
+            bad += f" | signal {r['signal']:.2f}"
+        if r.get("best_vs_control") is not None:  # the best member's margin over the baseline
+            bad += f" | vs baseline {r['best_vs_control']:+.4g}"
+        if len(self.task_names) > 1 and "tasks" in r:  # the population's mean, raw (score)
+            bad += " | " + " ".join(f"{n} {t['raw_mean']:.1f} ({t['score_mean']:.2f})" for n, t in r["tasks"].items())
+        if self.lines:
+            say(f"gen {r['generation']:>4}/{self.total} | best {r['best']:9.2f} | mean {r['mean']:9.2f} | best so far "
+                f"{r['best_so_far']:9.2f} | {r['fps']:9.3g} frames/s | {r['seconds']:6.1f} s | left {left}{bad}")
+
+
+@dataclasses.dataclass
+class JsonlSink(Sink):
+    """Every record, a line of ``metrics.jsonl`` in ``run_dir``."""
+    run_dir: Path
+
+    def log(self, record: dict) -> None:
+        RunDir(self.run_dir).append_metrics(record)
+
+
+class WandbSink(Sink):
+    """Weights & Biases (``logger.wandb``, ``wandb.init``'s own fields; its id is stable per run directory, so a
+    resumed run goes on): each generation's scalars and fitness histogram; at the end figures, best and summary."""
+    tracking = True
+
+    def __init__(self, section: WandbSection, logger: Logger):
+        import wandb
+
+        # quiet: wandb's footer (the run's history and summary, some 30 lines) would repeat metrics.jsonl
+        quiet = {} if logger.verbose or "WANDB_QUIET" in os.environ else {"settings": wandb.Settings(quiet=True)}
+        self.wandb, self.name, self.step = wandb, logger.run_dir.name, 0
+        self.run = wandb.init(**quiet, **{**dataclasses.asdict(section), "tags": list(section.tags)},
+                              dir=str(logger.run_dir), config=logger.config, name=self.name, resume="allow",
+                              id=hashlib.sha1(str(logger.run_dir.resolve()).encode()).hexdigest()[:16])
+
+    def log(self, record: dict) -> None:
+        self.run.log({**scalars(record), "fitness": self.wandb.Histogram(record["fitness"])}, step=record["generation"])
+        self.step = record["generation"]
+
+    def log_results(self, figures: list, best_files: list, best_info: Optional[dict]) -> None:
+        if figures:
+            self.run.log({f"figures/{Path(p).stem}": self.wandb.Image(str(p)) for p in figures}, step=self.step)
+        if best_files:
+            artifact = self.wandb.Artifact(re.sub(r"[^\w.-]", "-", f"{self.name}-meta-params"), type="meta-params",
+                                           metadata=best_info or {}, description="best meta-parameters found "
+                                           "(flax msgpack) and what they belong to")
+            for path in best_files:
+                artifact.add_file(str(path))
+            self.run.log_artifact(artifact)
 
     def finish(self, summary: Optional[dict] = None, stopped: bool = False) -> None:
-        """The end of the run; ``stopped``: by a signal, to be resumed."""
-        if self.mlflow is not None:
-            self.mlflow.finish("KILLED" if stopped else "FINISHED")
-        if self.wandb_run is not None:
-            self.wandb_run.summary.update(summary or {})
-            self.wandb_run.finish()
+        self.run.summary.update(summary or {})
+        self.run.finish()
+
+
+class MlflowSink(Sink):
+    """MLflow (``logger.mlflow``): each generation's scalars it lacks (a resumed run's too), files at the end."""
+
+    def __init__(self, section: MlflowSection, logger: Logger):
+        self.run = MlflowRun(section, logger.config.get("experiment", ""), logger.run_dir, logger.run_dir.name,
+                             flatten(logger.config), {"metarl.run_dir": str(logger.run_dir)}, logger.message,
+                             parent_id=os.environ.get(PARENT_RUN_ENV))
+
+    tracking = property(lambda self: self.run.active)
+
+    def log(self, record: dict) -> None:
+        self.run.log_generation(record["generation"], scalars(record))
+
+    def catch_up(self, history: list) -> None:
+        for record in history:
+            self.log(record)
+
+    def log_results(self, figures: list, best_files: list, best_info: Optional[dict]) -> None:
+        self.run.log_files(figures, FIGURES)
+        self.run.log_files(best_files, "meta-params")
+
+    def finish(self, summary: Optional[dict] = None, stopped: bool = False) -> None:
+        self.run.finish("KILLED" if stopped else "FINISHED")
+
+
+TRACKERS = {"wandb": WandbSink, "mlflow": MlflowSink}   # by their section of the config's ``logger``
+
+
+def _each(method: str, reverse: bool = False) -> Callable:  # a Logger method: each sink's in turn
+    def call(self, *args, **kwargs):
+        for sink in reversed(self.sinks) if reverse else self.sinks:
+            getattr(sink, method)(*args, **kwargs)
+    return call
+
+
+class Logger:
+    """A run's sinks: the console, ``metrics.jsonl`` and each of ``TRACKERS`` whose ``logger`` section's ``mode`` is
+    not disabled (none if not ``write``: all but the first process of a multi-host run); the end in reverse order."""
+
+    def __init__(self, run_dir: Path, config: dict, total_generations: int, settings: LoggerSection,
+                 write: bool = True, task_names: Optional[list] = None):
+        self.run_dir, self.config, self.verbose = Path(run_dir), config, settings.verbose
+        self.sinks: list[Sink] = []
+        if write:  # built in turn: a tracker may send messages while it starts
+            self.sinks += [JsonlSink(self.run_dir), ConsoleSink(total_generations, task_names or [], settings.progress)]
+            self.sinks += [sink(getattr(settings, name), self) for name, sink in TRACKERS.items()
+                           if getattr(settings, name).mode != "disabled"]
+
+    tracking = property(lambda self: any(sink.tracking for sink in self.sinks))  # wandb's, or MLflow's if reached
+    log, message, catch_up = _each("log"), _each("message"), _each("catch_up")
+    log_results, finish = _each("log_results", reverse=True), _each("finish", reverse=True)
 
 
 # --- MLflow ----------------------------------------------------------------------------------------
 
 PARENT_RUN_ENV = "METARL_MLFLOW_PARENT_RUN_ID"   # set by a sweep: its jobs' runs are nested under this run
-MLFLOW_RUN_FILE = "mlflow_run.json"   # in a run's (or sweep's) directory: the MLflow run it logs to
 STEP_METRIC = "best"   # logged every generation: its last step is the last generation MLflow holds
 # A tracking server that cannot be reached fails the first request at once (MLflow would retry for
 # minutes) and within seconds (not two minutes); either variable, set beforehand, is kept.
@@ -258,8 +257,7 @@ class MlflowRun:
             logging.getLogger("mlflow").setLevel(logging.WARNING)
         uri, artifacts = mlflow_store(section.tracking_uri)
         client = mlflow.MlflowClient(tracking_uri=uri)
-        record_path = record_dir / MLFLOW_RUN_FILE
-        record = json.loads(record_path.read_text()) if record_path.exists() else {}
+        record = RunDir(record_dir).mlflow_run()
         run = None
         if record.get("tracking_uri") == uri:  # a resumed run: its MLflow run goes on, unless deleted
             try:
@@ -274,7 +272,7 @@ class MlflowRun:
             logged, verb = run.data.params, "continuing"
         else:
             run = client.create_run(_experiment_id(client, section.experiment or experiment, artifacts), run_name=name)
-            atomic_write(record_path, json.dumps({"tracking_uri": uri, "run_id": run.info.run_id}, indent=1) + "\n")
+            RunDir(record_dir).write_mlflow_run({"tracking_uri": uri, "run_id": run.info.run_id})
             logged, verb = {}, "new"
         all_tags = {**tags, **section.tags, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
         client.log_batch(run.info.run_id,
@@ -288,7 +286,7 @@ class MlflowRun:
         text = (str(err).strip().splitlines() or [""])[0]
         text = text if len(text) <= 200 else text[:200] + " ..."
         self.message(f"warning: MLflow: {what} failed ({type(err).__name__}: {text}); no more is sent to "
-                     f"MLflow in this process, and {METRICS_FILE} keeps every generation")
+                     f"MLflow in this process, and {METRICS} keeps every generation")
 
     def send(self, what: str, method: str, *args) -> bool:
         """``MlflowClient.<method>(run_id, *args)`` (``what`` names it in the warning if it fails); False,
@@ -302,9 +300,7 @@ class MlflowRun:
             self._failed(what, err)
             return False
 
-    @property
-    def active(self) -> bool:
-        return self.client is not None
+    active = property(lambda self: self.client is not None)
 
     def log_metrics(self, values: dict, step: int) -> bool:
         from mlflow.entities import Metric

@@ -43,9 +43,8 @@ class Outcome:
 
 def make_logger(cfg: RunConfig, run_dir: RunDir, task: Task, config: dict) -> Logger:
     """The run's trackers (``logger.*``) on process 0; ``config``: the run's config as saved."""
-    return Logger(run_dir.path, config, cfg.es.generations, progress=cfg.logger.progress,
-                  wandb_cfg=dataclasses.asdict(cfg.logger.wandb), write=jax.process_index() == 0,
-                  task_names=task.names, mlflow_cfg=cfg.logger.mlflow, verbose=cfg.logger.verbose)
+    return Logger(run_dir.path, config, cfg.es.generations, cfg.logger, write=jax.process_index() == 0,
+                  task_names=task.names)
 
 
 def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Restored, mesh: Any, logger: Logger,

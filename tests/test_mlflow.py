@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 from clihelp import TINY, env_vars, evolve, records, snapshot, start_evolve
 from metarl import config as config_lib
 from metarl.rundir import RunDir
-from metarl.logger import MLFLOW_RUN_FILE, MlflowRun, mlflow_store, read_metrics, scalars
+from metarl.logger import MlflowRun, mlflow_store, scalars
 
 HP = [a for a in TINY if not a.startswith("component.")]
 
@@ -60,14 +60,14 @@ def test_run_logs_config_metrics_figures_and_best_files(sweep):
     (run,) = [r for r in client.search_runs([client.get_experiment_by_name("hyperparams").experiment_id])
               if r.info.run_name == "0"]
     assert run.info.status == "FINISHED"
-    assert json.loads((run_dir / MLFLOW_RUN_FILE).read_text())["run_id"] == run.info.run_id
+    assert RunDir(run_dir).mlflow_run()["run_id"] == run.info.run_id
     assert run.data.tags["study"] == "tiny" and run.data.tags["metarl.run_dir"] == str(run_dir)
 
     saved = config_lib.flatten(RunDir(run_dir).read_config())
     assert run.data.params == {k: config_lib.show_value(v) for k, v in saved.items()}
     assert run.data.params["es.popsize"] == "4" and run.data.params["inner.hidden"] == "[8]"
 
-    history = read_metrics(run_dir)
+    history = RunDir(run_dir).metrics()
     names = set(scalars(history[0]))
     assert {"best", "mean", "search/mean/lr", "search/low/lr", "tasks/CartPole-v1/raw_mean"} <= names
     assert set(run.data.metrics) == names
@@ -114,12 +114,12 @@ def test_stopped_and_resumed_run_continues_its_mlflow_run_with_each_generation_o
     # 1. SIGTERM once a generation is logged: the checkpoint is saved, and the MLflow run is marked KILLED.
     proc = start_evolve(args, cwd=tmp_path)
     deadline = time.time() + 300
-    while time.time() < deadline and len(read_metrics(run_dir)) < 1:
+    while time.time() < deadline and len(RunDir(run_dir).metrics()) < 1:
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
-    done = len(read_metrics(run_dir))
+    done = len(RunDir(run_dir).metrics())
     client = store(mlruns)
     run = only_run(client, "hyperparams")
     assert run.info.status == "KILLED" and steps(client, run.info.run_id) == list(range(1, done + 1))
@@ -128,7 +128,7 @@ def test_stopped_and_resumed_run_continues_its_mlflow_run_with_each_generation_o
     proc = evolve([f"resume={run_dir}", f"es.generations={done + 2}",
                    f"logger.mlflow.tracking_uri=http://127.0.0.1:{closed_port()}"], cwd=tmp_path, check=True)
     assert proc.stdout.count("warning: MLflow") == 1 and "127.0.0.1" in proc.stdout, proc.stdout
-    assert len(read_metrics(run_dir)) == done + 2
+    assert len(RunDir(run_dir).metrics()) == done + 2
     assert steps(client, run.info.run_id) == list(range(1, done + 1))  # nothing reached the store
 
     # 3. Resumed with the store again: the same MLflow run gets the generations it lacks (from the

@@ -1,4 +1,4 @@
-"""Long waits show progress on a terminal (tqdm, on stderr), and nothing when stderr is not one."""
+"""Long waits show progress on a terminal (rich, on stderr), and nothing when stderr is not one."""
 import os
 import subprocess
 import sys

@@ -15,6 +15,7 @@ import pytest
 
 from clihelp import TINY, env_vars, evolve, snapshot
 from metarl import rundir
+from metarl.config import LoggerSection
 from metarl.logger import Logger
 from metarl.rundir import RunDir
 
@@ -75,7 +76,7 @@ def _strict(text):
 
 
 def test_metrics_jsonl_holds_no_nan_or_infinity(tmp_path):
-    logger = Logger(tmp_path, {}, total_generations=2, progress=False)
+    logger = Logger(tmp_path, {}, 2, LoggerSection(progress=False))
     nan, inf = float("nan"), float("inf")
     logger.log({"generation": 1, "best": nan, "mean": -inf, "fitness": [1.0, nan, inf],
                 "search": {"mean": {"lr": inf}}, "seconds": 0.0, "fps": nan})
