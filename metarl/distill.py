@@ -327,7 +327,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
               "from": str(generation), **report}
     fig = distill_figure(task, meta, problem, report, visited)
     report["figure"] = str(plots.save(fig, RunDir(run_dir).figures / FIGURE))
-    report["json"] = str(RunDir(run_dir).write_distill(report))
+    report["json"] = str(RunDir(run_dir).distill.write(report))
     report["seconds"] = round(time.perf_counter() - t, 2)
     return report
 
@@ -428,7 +428,7 @@ def format_report(report: dict) -> str:
 
 def load_formula(run_dir: Path, k: int) -> dict:
     """Entry ``k`` of the run's distilled front; a bad ``k`` or none: ``ConfigError``."""
-    report = RunDir(run_dir).distill()
+    report = RunDir(run_dir).distill.read()
     if report is None:
         raise ConfigError(f"distilled: {Path(run_dir) / DISTILL} does not exist; allowed: after "
                           f"`python -m metarl.distill run_dir={run_dir}`")

@@ -117,7 +117,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
     cfg, task = results.load_run(run_dir, evaluated)
     meta, info = RunDir(run_dir).read_best(task.template)
     trained_keys = {_spec_key(s) for s in task_specs(cfg)}
-    tuned = RunDir(run_dir).tuned() is not None
+    tuned = RunDir(run_dir).tuned.read() is not None
     sides = [Side(f"learned {task.kind}", "learned", tuple(make(meta) for make in task.trainers)),
              Side(("tuned baseline: " if tuned else "baseline: ") + task.kind.baseline(task.inner_config), "baseline",
                   tuple(task.baselines))]
@@ -234,7 +234,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     mesh = devices.population_mesh(num_seeds, fit=True)
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh)
     rows, aggregates = _score(loaded, curves, seconds)
-    tuned = RunDir(run_dir).tuned()
+    tuned = RunDir(run_dir).tuned.read()
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name,
         "trained_tasks": [s.name for s, t in zip(task.specs, loaded.on_train) if t],
@@ -255,7 +255,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
     suffix = _suffix(env, total_timesteps, tasks, task) + (f"_distilled{distilled}" if loaded.formula else "")
     _figures(RunDir(run_dir), loaded, curves, report, suffix)
-    report["json"] = str(RunDir(run_dir).write_evaluation(suffix, report))
+    report["json"] = str(RunDir(run_dir).evaluation(suffix).write(report))
     return report
 
 

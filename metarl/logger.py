@@ -257,7 +257,7 @@ class MlflowRun:
             logging.getLogger("mlflow").setLevel(logging.WARNING)
         uri, artifacts = mlflow_store(section.tracking_uri)
         client = mlflow.MlflowClient(tracking_uri=uri)
-        record = RunDir(record_dir).mlflow_run()
+        record = (RunDir(record_dir).mlflow_run.read() or {})
         run = None
         if record.get("tracking_uri") == uri:  # a resumed run: its MLflow run goes on, unless deleted
             try:
@@ -272,7 +272,7 @@ class MlflowRun:
             logged, verb = run.data.params, "continuing"
         else:
             run = client.create_run(_experiment_id(client, section.experiment or experiment, artifacts), run_name=name)
-            RunDir(record_dir).write_mlflow_run({"tracking_uri": uri, "run_id": run.info.run_id})
+            RunDir(record_dir).mlflow_run.write({"tracking_uri": uri, "run_id": run.info.run_id})
             logged, verb = {}, "new"
         all_tags = {**tags, **section.tags, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
         client.log_batch(run.info.run_id,

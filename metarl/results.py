@@ -21,7 +21,7 @@ def load_config(run_dir: str | Path, tuned: bool = True) -> RunConfig:
     """The run's saved config, checked as a new one is (``ConfigError`` names what is wrong), with its
     tuned baseline's hyperparameters in ``inner`` where it tuned one (``tuned=False``: as configured)."""
     cfg = from_dict(RunDir(run_dir).read_config())
-    return with_tuned(cfg, RunDir(run_dir).tuned()) if tuned else cfg
+    return with_tuned(cfg, RunDir(run_dir).tuned.read()) if tuned else cfg
 
 
 def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = None):

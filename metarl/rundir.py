@@ -62,12 +62,34 @@ def to_json_line(record: dict) -> str:
     return json.dumps(json.loads(json.dumps(record), parse_constant=lambda constant: None)) + "\n"
 
 
+class JsonFile:
+    """One JSON file of a run directory, written whole or not at all."""
+
+    def __init__(self, path: Path, indent: int = 2):
+        self.path, self.indent = path, indent
+
+    def read(self) -> Optional[dict]:
+        """Its contents; None if it does not exist (or a kill left it unreadable)."""
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def write(self, data: Any) -> Path:
+        atomic_write(self.path, json.dumps(data, indent=self.indent, default=float) + "\n")
+        return self.path
+
+
 class RunDir(os.PathLike):
     """The directory at ``path`` (a ``PathLike``: ``Path(run_dir)`` is its path)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.ckpt, self.figures, self.lock = self.path / CKPT, self.path / FIGURES, self.path / LOCK
+        # reference returns, tuned baseline, final pick, distilled formulas, the MLflow run it logs to
+        self.reference, self.tuned, self.validation, self.distill = (
+            JsonFile(self.path / name) for name in (REFERENCE, TUNED, VALIDATION, DISTILL))
+        self.mlflow_run = JsonFile(self.path / MLFLOW_RUN, indent=1)
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -79,8 +101,9 @@ class RunDir(os.PathLike):
         """The tuning search's own run directory."""
         return RunDir(self.path / TUNE)
 
-    def evaluation(self, suffix: str = "") -> Path:
-        return self.path / f"evaluation{suffix}.json"
+    def evaluation(self, suffix: str = "") -> JsonFile:
+        """``metarl.evaluate``'s report at one setting."""
+        return JsonFile(self.path / f"evaluation{suffix}.json")
 
     @property
     def best_files(self) -> list[Path]:
@@ -166,53 +189,6 @@ class RunDir(os.PathLike):
         if (self.path / METRICS).exists():
             kept = [r for r in self.metrics() if r.get("generation", 0) <= generations_done]
             atomic_write(self.path / METRICS, "".join(to_json_line(r) for r in kept))
-
-    # --- the JSON files ----------------------------------------------------------------------------
-
-    def _read(self, name: str) -> Optional[dict]:
-        path = self.path / name
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-
-    def _write(self, name: str, data: Any, indent: int = 2) -> Path:
-        atomic_write(self.path / name, json.dumps(data, indent=indent, default=float) + "\n")
-        return self.path / name
-
-    def reference(self) -> Optional[dict]:
-        return self._read(REFERENCE)
-
-    def write_reference(self, reference: dict) -> None:
-        self._write(REFERENCE, reference)
-
-    def tuned(self) -> Optional[dict]:
-        """The tuned baseline (None where the run tunes none, or has not yet)."""
-        return self._read(TUNED) if (self.path / TUNED).is_file() else None
-
-    def write_tuned(self, tuned: dict) -> None:
-        self._write(TUNED, tuned)
-
-    def write_validation(self, report: dict) -> None:
-        self._write(VALIDATION, report)
-
-    def distill(self) -> Optional[dict]:
-        return self._read(DISTILL)
-
-    def write_distill(self, report: dict) -> Path:
-        return self._write(DISTILL, report)
-
-    def write_evaluation(self, suffix: str, report: dict) -> Path:
-        path = self.evaluation(suffix)
-        atomic_write(path, json.dumps(report, indent=2))
-        return path
-
-    def mlflow_run(self) -> dict:
-        """``{tracking_uri, run_id}`` of the MLflow run this directory logs to ({} before the first)."""
-        return self._read(MLFLOW_RUN) or {}
-
-    def write_mlflow_run(self, record: dict) -> None:
-        self._write(MLFLOW_RUN, record, indent=1)
 
     # --- the exported meta-parameters --------------------------------------------------------------
 

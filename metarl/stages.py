@@ -76,14 +76,14 @@ def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown:
     baseline's hyperparameters, which ``task``'s baseline trains with."""
     if normalization(cfg, len(task.specs)) != "baseline":
         return None
-    stored = run_dir.reference()
+    stored = run_dir.reference.read()
     if stored is None or stored.get("tasks") != list(task.names) or stored.get("tuned") != tuned:
         t = time.perf_counter()
         with progress("measuring the reference returns", total=2 * len(task.specs), enabled=shown) as bar:
             stored = measure_reference(task, cfg.seed, cfg.fitness.reference_seeds, bar.update)
         stored["tuned"] = tuned
         if jax.process_index() == 0:
-            run_dir.write_reference(stored)
+            run_dir.reference.write(stored)
         message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
     message(f"normalised fitness = (R - random) / ({'tuned ' if tuned else ''}baseline - random), with 95% intervals: "
             + describe(stored))
@@ -185,7 +185,7 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     unless it is finished and was tuned over this run's space, on its tasks, with its inner settings
     other than the tuned ones, and with at least the search's number of trainings."""
     where = RunDir(cfg.baseline.tuned_from).path.expanduser()
-    tuned = RunDir(where).tuned()
+    tuned = RunDir(where).tuned.read()
     if tuned is None:
         raise ConfigError(f"baseline.tuned_from: {where} holds no tuned baseline; allowed: a run directory whose "
                           "tuning has finished")
@@ -206,7 +206,7 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
     directory (continued where a kill left it) with its reference and pick; stored in tuned.json."""
     if not cfg.baseline.tune:
         return None
-    tuned = run_dir.tuned()
+    tuned = run_dir.tuned.read()
     if tuned is not None:
         if not _tuned_for(cfg, tuned):
             raise ConfigError(f"baseline.tune: {run_dir} holds a tuning over another space or other tasks; "
@@ -216,7 +216,7 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
     if cfg.baseline.tuned_from:
         tuned = tuned_elsewhere(cfg)
         if is_main:
-            run_dir.write_tuned(tuned)
+            run_dir.tuned.write(tuned)
         say(f"tuned baseline from {tuned['from']}: " + ", ".join(f"{k} {v:.4g}" for k, v in tuned["hyperparameters"].items()))
         return tuned
     tcfg, tdir = tuning_config(cfg, run_dir), run_dir.tune
@@ -244,7 +244,7 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
              "search_trainings": trainings(cfg), "seed": tcfg.seed,
              "seconds": time.perf_counter() - t + earlier, "run_dir": tdir.path.name}
     if is_main:
-        run_dir.write_tuned(tuned)
+        run_dir.tuned.write(tuned)
     say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
                                        for k, v in tuned["hyperparameters"].items())
         + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
@@ -278,7 +278,7 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
               "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
     if jax.process_index() == 0:
-        run_dir.write_validation(report)
+        run_dir.validation.write(report)
         run_dir.write_best(jax.tree.map(lambda x: x[best], candidates), {
             **best_info(cfg, task, generation[best], search_fitness[best]), "picked": labels[best],
             "validation_fitness": rows[best]["validation_fitness"], "validation_ci95": rows[best]["validation_ci95"]})

@@ -60,7 +60,7 @@ def test_run_logs_config_metrics_figures_and_best_files(sweep):
     (run,) = [r for r in client.search_runs([client.get_experiment_by_name("hyperparams").experiment_id])
               if r.info.run_name == "0"]
     assert run.info.status == "FINISHED"
-    assert RunDir(run_dir).mlflow_run()["run_id"] == run.info.run_id
+    assert RunDir(run_dir).mlflow_run.read()["run_id"] == run.info.run_id
     assert run.data.tags["study"] == "tiny" and run.data.tags["metarl.run_dir"] == str(run_dir)
 
     saved = config_lib.flatten(RunDir(run_dir).read_config())

@@ -52,7 +52,7 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     assert task.inner_config.lr == pytest.approx(values["lr"]) and task.inner_config.ent_coef == pytest.approx(
         values["ent_coef"])
     assert results.load_config(run_dir, tuned=False).inner.get("lr") == 2.5e-4
-    reference = RunDir(run_dir).reference()
+    reference = RunDir(run_dir).reference.read()
     assert reference["tuned"] == values
     # The live control of generation 1 is the tuned PPO on that generation's seeds.
     _, evo = build_evolution(cfg, task, mesh=None, reference=reference)
