@@ -5,12 +5,11 @@ says what is allowed (``ConfigError``); nothing is compiled before the config is
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
-import math
 import os
 import re
 import time
-import types
 import typing
 from pathlib import Path
 from typing import Optional
@@ -21,6 +20,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from pydantic import TypeAdapter
+from pydantic_core import SchemaValidator, ValidationError
 
 from metarl import experiments as _experiments_pkg
 from metarl.outer_loops.es_config import ESConfig
@@ -157,7 +158,7 @@ class DevicesSection:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    experiment: str = _checked("the name of an experiment", bool)
+    experiment: str = _checked("the name of an experiment", bool, default="")
     seed: int = _checked(f"an integer from 0 to {SEED_MAX}", lambda seed: 0 <= seed <= SEED_MAX, default=0)
     env: typing.Union[str, dict] = "CartPole-v1"   # a name, or {_target_: NAME or dotted.path, ...arguments}
     # Meta-training tasks (each an env, or {env, inner: {...}, name}); empty: the one task `env`.
@@ -182,81 +183,79 @@ class RunConfig:
 
 # --- building and checking -------------------------------------------------------------------------
 
-_TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping",
-               list: "a list"}
+# pydantic's errors as what is allowed: strict types (no "3" for 3, no 1 for true, no tuple for a list), finite numbers
+_ALLOWED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "true or false",
+            "dict_type": "a mapping", "list_type": "a list", "finite_number": "a finite number"}
+_STRICT = {"strict": True, "allow_inf_nan": False, "extra_fields_behavior": "forbid"}
+
+
+def _adapted(node):
+    """pydantic's schema, ``_STRICT`` but taking each dataclass as a mapping (strict alone takes only
+    instances), a Union's error that of its last type (the last one tried)."""
+    if isinstance(node, dict) and node.get("type") == "dataclass":
+        node.update(strict=False, config=_STRICT)
+    if isinstance(node, dict) and node.get("type") == "union":
+        node["custom_error_type"] = {"str": "string"}.get(last := node["choices"][-1]["type"], last) + "_type"
+    for child in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
+        _adapted(child)
+    return node
+
+
+_adapter = functools.cache(TypeAdapter)
+
+
+@functools.cache
+def _validator(tp) -> SchemaValidator:
+    return SchemaValidator(_adapted(TypeAdapter(tp).core_schema), _STRICT)
+
+
+def _keys(cls, loc: tuple) -> str:
+    """The keys of the dataclass at ``loc`` in dataclass ``cls``."""
+    return ", ".join(functools.reduce(dict.get, loc, to_dict(cls())))
+
+
+def _in_range(value, path: str):
+    # Sizes, counts and budgets become int32 inside JAX; the seed has its own, wider range.
+    if type(value) is int and path != "seed" and not -INT32_MAX - 1 <= value <= INT32_MAX:
+        raise ConfigError(f"{path}: {value}; allowed: an integer of at most {INT32_MAX}")
+    return value
 
 
 def coerce(value, tp, path):
-    """``value`` as type ``tp`` (``ConfigError`` naming ``path`` if it is not one), refusing what JAX cannot take."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):  # Optional[X], or one of several types
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None and len(args) < len(typing.get_args(tp)):
-            return None
-        errors = []
-        for arg in args:
-            try:
-                return coerce(value, arg, path)
-            except ConfigError as err:
-                errors.append(err)
-        # A value of the right type but out of range (an int past int32) says so, not "a string".
-        raise next((err for arg, err in zip(args, errors) if isinstance(value, arg) and not isinstance(value, bool)),
-                   errors[-1])
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{path}: {value!r}; allowed: a mapping of {', '.join(_key(f) for f in dataclasses.fields(tp))}")
-        return build(tp, value, path + ".")
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        # nan or inf would reach the search as a number and come out as non-JSON metrics.
-        if not math.isfinite(value):
-            raise ConfigError(f"{path}: {value!r}; allowed: a finite number")
-        return float(value)
-    if tp is int and isinstance(value, int) and not isinstance(value, bool):
-        # Sizes, counts and budgets become int32 inside JAX; the seed has its own, wider range.
-        if path != "seed" and not -INT32_MAX - 1 <= value <= INT32_MAX:
-            raise ConfigError(f"{path}: {value}; allowed: an integer of at most {INT32_MAX}")
-        return value
-    if tp in (str, bool, dict, list) and isinstance(value, tp):
-        return value
-    raise ConfigError(f"{path}: {value!r}; allowed: {_TYPE_NAMES.get(tp, getattr(tp, '__name__', str(tp)))}")
-
-
-def _key(field: dataclasses.Field) -> str:
-    """A field's name in the config files: its ``key`` metadata (``_target_`` for ``ESConfig.target``)
-    or its own name."""
-    return field.metadata.get("key", field.name)
+    """``value`` as type ``tp`` (pydantic), refusing what JAX cannot take; else ``ConfigError`` naming
+    ``path`` (and the keys below it, for a dataclass) and saying what is allowed."""
+    try:
+        return _in_range(_validator(tp).validate_python(value), path)
+    except ValidationError as err:
+        error = err.errors()[0]
+    where, loc, kind = path + ".".join(map(str, error["loc"])), error["loc"], error["type"]
+    if kind in ("unexpected_keyword_argument", "invalid_key"):
+        raise ConfigError(f"{where}: unknown setting; allowed: {_keys(tp, loc[:-1])}")
+    allowed = f"a mapping of {_keys(tp, loc)}" if kind == "dataclass_type" else _ALLOWED.get(kind, error["msg"])
+    raise ConfigError(f"{where}: {error['input']!r}; allowed: {allowed}")
 
 
 def build(cls, data: dict, prefix: str = ""):
-    """Build dataclass ``cls`` from a plain dict, refusing unknown keys, wrong types and values that a
-    field's ``ok`` (``_checked``) refuses."""
-    hints = typing.get_type_hints(cls)
-    fields = {_key(f): f for f in dataclasses.fields(cls)}
-    unknown = [k for k in data if k not in fields]
-    if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown setting; allowed: {', '.join(fields)}")
-    kwargs = {}
-    for key, value in data.items():
-        field = fields[key]
-        kwargs[field.name] = value = coerce(value, hints[field.name], prefix + key)
-        if "ok" in field.metadata and not field.metadata["ok"](value):
+    """Build dataclass ``cls`` from a plain dict (``coerce``), refusing also the values that a field's ``ok``
+    (``_checked``) refuses."""
+    return _check(coerce(data, cls, prefix), prefix)
+
+
+def _check(built, prefix: str):
+    # the keys as in the config files: a field's alias (es._target_ for ESConfig.target) or its name
+    for field, key in zip(dataclasses.fields(built), to_dict(built)):
+        path, value = prefix + key, _in_range(getattr(built, field.name), prefix + key)
+        if dataclasses.is_dataclass(value):
+            _check(value, path + ".")
+        elif "ok" in field.metadata and not field.metadata["ok"](value):
             shown = "empty" if isinstance(value, str) and not value.strip() else repr(value)
-            raise ConfigError(f"{prefix}{key}: {shown}; allowed: {field.metadata['allowed']}")
-    try:
-        return cls(**kwargs)
-    except TypeError as err:  # a required field is missing
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {err}") from None
+            raise ConfigError(f"{path}: {shown}; allowed: {field.metadata['allowed']}")
+    return built
 
 
 def to_dict(value):
     """The inverse of ``build``: nested plain dicts and lists, keyed as in the config files."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {_key(f): to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {k: to_dict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_dict(v) for v in value)
-    return value
+    return _adapter(type(value)).dump_python(value, by_alias=True, warnings=False)
 
 
 def check_run_dir(run_dir: str, field: str = "run_dir") -> None:

@@ -23,7 +23,7 @@ class ESConfig:
     ``use_antithetic_sampling``; ``fitness_shaping=None`` keeps the strategy's own default.
     ``target`` names a strategy class of your own, built with ``args``; it takes the place of
     ``strategy``. A config file writes it ``_target_``, Hydra's name for a class to build (the
-    field's ``key``)."""
+    field's ``alias``)."""
 
     strategy: str = "Open_ES"
     popsize: int = 16
@@ -33,7 +33,7 @@ class ESConfig:
     adam_b1: float = 0.9
     fitness_shaping: Optional[str] = None
     antithetic: bool = True
-    target: Optional[str] = dataclasses.field(default=None, metadata={"key": "_target_"})
+    target: Optional[str] = dataclasses.field(default=None, metadata={"alias": "_target_"})
     args: dict = dataclasses.field(default_factory=dict)
 
     @property
