@@ -243,10 +243,10 @@ def build(cls, data: dict, prefix: str = ""):
         if "ok" in field.metadata and not field.metadata["ok"](value):
             shown = "empty" if isinstance(value, str) and not value.strip() else repr(value)
             raise ConfigError(f"{prefix}{key}: {shown}; allowed: {field.metadata['allowed']}")
-    try:
-        return cls(**kwargs)
-    except TypeError as err:  # a required field is missing
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {err}") from None
+    for key, field in fields.items():
+        if field.name not in kwargs and field.default is field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{prefix}{key}: missing; allowed: {field.metadata.get('allowed', 'a value')}")
+    return cls(**kwargs)
 
 
 def to_dict(value):
@@ -407,8 +407,8 @@ def read_saved(run_dir, field: Optional[str] = None) -> dict:
     except Exception as err:  # YAML or OmegaConf: anything unreadable is the same error here
         raise ConfigError(f"{where}: unreadable ({type(err).__name__}); allowed: the {CONFIG_FILE} a run "
                           "wrote") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: not a mapping; allowed: the {CONFIG_FILE} a run wrote")
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{where}: {'not a mapping' if data else 'empty'}; allowed: the {CONFIG_FILE} a run wrote")
     return data
 
 

@@ -8,6 +8,7 @@ one line naming the field, before anything is compiled or written.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 import hydra
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -129,9 +131,33 @@ def _exit_on_error(step):
         raise SystemExit(1)
 
 
+def check_arguments(argv: list[str]) -> None:
+    """Refuse, in one line naming it, an argument that Hydra would answer with its usage or an error
+    that does not name it: a flag of its own (``--popsize=4``) or an override without a key (``=4``, '')."""
+    parser = get_args_parser()
+    parser.exit_on_error = False
+    try:
+        _, unknown = parser.parse_known_args(argv)
+    except argparse.ArgumentError:  # a flag of Hydra's with a bad value: Hydra's own message
+        return
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if arg in unknown and arg.startswith("-"):
+            name = key.lstrip("-")
+            known = [k for k in config_lib.flatten(config_lib.to_dict(config_lib.RunConfig(experiment="")))
+                     if k == name or k.endswith(f".{name}")]
+            fail(f"argument {arg!r}: not a flag of metarl.evolve; allowed: overrides KEY=VALUE without dashes, "
+                 f"such as {(known or [name])[0]}={value or 'VALUE'}, and Hydra's flags --help, --cfg, -m, "
+                 "--config-dir, --config-name, ... (--hydra-help lists them)")
+        if not arg.startswith("-") and not key.lstrip("+~"):
+            fail(f"argument {arg!r}: {'empty' if not arg else 'no key'}; allowed: an override KEY=VALUE, such "
+                 "as es.popsize=4")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
+    check_arguments(sys.argv[1:])
     _sweep_exit.clear()  # this command's alone, also when a program calls main() more than once
     _task_started.clear()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors, so that they become one line here
