@@ -31,10 +31,6 @@ from metarl.cli import _refuse_search_change, check_existing, fail
 from metarl.config import ConfigError
 from metarl.runlock import unique_dir
 
-# What main() returns after a sweep: its exit code (set by the sweep's callback in this process).
-_sweep_exit: list[int] = []
-_task_started: list[bool] = []
-
 
 def resolve(composed, hydra_cfg) -> tuple:
     """From the composed config to ``(RunConfig, run_dir, resuming, named)``, refusing anything unsafe
@@ -76,7 +72,6 @@ def _resume(resume: str, hydra_cfg) -> tuple:
 def app(composed) -> Optional[float]:
     """Hydra's task: one run, or one job of a sweep (whose return value, the job's best fitness, an
     optimising sweeper can search on)."""
-    _task_started.append(True)
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
         from metarl import sweep  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
@@ -96,8 +91,15 @@ def app(composed) -> Optional[float]:
 
 class RunHooks(Callback):
     """With ``-m``: every job checked before the first starts, the sweep's MLflow run, and the summary
-    (``metarl.sweep``). Hydra makes it for a single run too, where it does nothing. Hydra turns a
+    (``metarl.sweep``); a job stopped by a stop signal stops the sweep, and the sweep's exit code is its
+    worst job's. Hydra makes one for a single run too, where it checks Hydra's settings. Hydra turns a
     callback's exception into a warning and goes on, so a failure here exits the process instead."""
+
+    def __init__(self) -> None:
+        self.parent = None  # the sweep's MLflow run, in the process that runs the sweep (``sweep.start``)
+
+    def __getstate__(self) -> dict:
+        return {}  # a launcher's worker process gets the hooks without the sweep's MLflow run
 
     def on_run_start(self, config, **kwargs) -> None:
         """Before Hydra makes its output directory and changes into it: the run has its own."""
@@ -109,10 +111,17 @@ class RunHooks(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         HydraConfig.instance().set_config(config)  # for ${hydra:...} in the sweep's settings
-        _exit_on_error(lambda: _sweep().start(config))
+        self.parent = _exit_on_error(lambda: _sweep().start(config))
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        stopped = getattr(job_return, "_return_value", None)  # a failed job's exception
+        if config.hydra.mode == RunMode.MULTIRUN and isinstance(stopped, _sweep().Stopped):
+            _sweep().stop(config, stopped.code, self.parent)
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        _sweep_exit.append(_exit_on_error(lambda: _sweep().finish(config)))
+        code = _exit_on_error(lambda: _sweep().finish(config, self.parent))
+        if code:
+            raise SystemExit(code)
 
 
 def _sweep():
@@ -154,24 +163,27 @@ def check_arguments(argv: list[str]) -> None:
                  "as es.popsize=4")
 
 
+def _in_task(err: BaseException) -> bool:
+    """Whether ``err`` came from the task (``app``), not from Hydra's reading of the command line."""
+    return any(frame.f_code is app.__wrapped__.__code__ for frame, _ in traceback.walk_tb(err.__traceback__))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     check_arguments(sys.argv[1:])
-    _sweep_exit.clear()  # this command's alone, also when a program calls main() more than once
-    _task_started.clear()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors, so that they become one line here
     try:
-        app()
+        app()  # a sweep ends with its exit code (RunHooks.on_multirun_end)
     except ConfigError as err:  # bad input: one line, exit code 2
         fail(str(err))
     except (HydraException, OmegaConfBaseException) as err:
         fail(str(config_lib.one_line(err)))
     except ValueError as err:  # Hydra's reading of the command line (a task's own failure is a traceback)
-        if _task_started:
+        if _in_task(err):
             raise
         fail(str(config_lib.one_line(err)))
-    return _sweep_exit[-1] if _sweep_exit else 0
+    return 0
 
 
 if __name__ == "__main__":
