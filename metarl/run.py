@@ -389,7 +389,8 @@ def run_generations(cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto", pre
             record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)
             history.append(record)
             logger.log(record)
-            warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations))
+            warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations),
+                                    lambda name: config_lib.layer_path("evolution", name))
             if warning:
                 logger.message(warning)
             if record["best_so_far"] > best_so_far and is_main:
@@ -480,7 +481,8 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
     check_mlflow(cfg.logger.mlflow)
     if setup_devices:
         devices.setup(cfg.devices)  # before any JAX computation
-    cfg.es.validate()
+    with config_lib.layer_errors("es"):
+        cfg.es.validate()
     task = task or build_task(cfg)
     check_tuning(cfg)
     if not jax.tree.leaves(task.template):
