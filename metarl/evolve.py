@@ -8,7 +8,6 @@ one line naming the field, before anything is compiled or written.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import sys
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Optional
 
 import hydra
-from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -116,7 +114,7 @@ class RunHooks(Callback):
     def on_job_end(self, config, job_return, **kwargs) -> None:
         stopped = getattr(job_return, "_return_value", None)  # a failed job's exception
         if config.hydra.mode == RunMode.MULTIRUN and isinstance(stopped, _sweep().Stopped):
-            _sweep().stop(config, stopped.code, self.parent)
+            _sweep().stop(config, stopped.args[0], self.parent)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         code = _exit_on_error(lambda: _sweep().finish(config, self.parent))
@@ -140,32 +138,32 @@ def _exit_on_error(step):
         raise SystemExit(1)
 
 
+# Hydra's own flags (``--hydra-help`` lists them), those that take a value in the second group.
+HYDRA_FLAGS = "-h --help --hydra-help --version --resolve -r --run -m --multirun -sc --shell-completion -i --info".split()
+HYDRA_VALUE_FLAGS = "-c --cfg -p --package -cp --config-path -cn --config-name -cd --config-dir --experimental-rerun".split()
+
+
 def check_arguments(argv: list[str]) -> None:
     """Refuse, in one line naming it, an argument that Hydra would answer with its usage or an error
-    that does not name it: a flag of its own (``--popsize=4``) or an override without a key (``=4``, '')."""
-    parser = get_args_parser()
-    parser.exit_on_error = False
-    try:
-        _, unknown = parser.parse_known_args(argv)
-    except argparse.ArgumentError:  # a flag of Hydra's with a bad value: Hydra's own message
-        return
+    that does not name it: a flag not its own (``--popsize=4``) or an override without a key (``=4``, '')."""
+    takes_value = False
     for arg in argv:
         key, _, value = arg.partition("=")
-        if arg in unknown and arg.startswith("-"):
-            name = key.lstrip("-")
-            known = [k for k in config_lib.flatten(config_lib.to_dict(config_lib.RunConfig(experiment="")))
-                     if k == name or k.endswith(f".{name}")]
-            fail(f"argument {arg!r}: not a flag of metarl.evolve; allowed: overrides KEY=VALUE without dashes, "
-                 f"such as {(known or [name])[0]}={value or 'VALUE'}, and Hydra's flags --help, --cfg, -m, "
-                 "--config-dir, --config-name, ... (--hydra-help lists them)")
-        if not arg.startswith("-") and not key.lstrip("+~"):
+        if takes_value:  # the value of a flag of Hydra's
+            takes_value = False
+        elif arg.startswith("-") and len(arg) > 1:
+            flags = [f for f in HYDRA_FLAGS + HYDRA_VALUE_FLAGS if f == key or key.startswith("--") and f.startswith(key)]
+            if not flags:
+                name = key.lstrip("-")
+                known = [k for k in config_lib.flatten(config_lib.to_dict(config_lib.RunConfig(experiment="")))
+                         if k == name or k.endswith(f".{name}")]
+                fail(f"argument {arg!r}: not a flag of metarl.evolve; allowed: overrides KEY=VALUE without dashes, "
+                     f"such as {(known or [name])[0]}={value or 'VALUE'}, and Hydra's flags --help, --cfg, -m, "
+                     "--config-dir, --config-name, ... (--hydra-help lists them)")
+            takes_value = flags[0] in HYDRA_VALUE_FLAGS and "=" not in arg
+        elif not key.lstrip("+~"):
             fail(f"argument {arg!r}: {'empty' if not arg else 'no key'}; allowed: an override KEY=VALUE, such "
                  "as es.popsize=4")
-
-
-def _in_task(err: BaseException) -> bool:
-    """Whether ``err`` came from the task (``app``), not from Hydra's reading of the command line."""
-    return any(frame.f_code is app.__wrapped__.__code__ for frame, _ in traceback.walk_tb(err.__traceback__))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -175,12 +173,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors, so that they become one line here
     try:
         app()  # a sweep ends with its exit code (RunHooks.on_multirun_end)
-    except ConfigError as err:  # bad input: one line, exit code 2
-        fail(str(err))
-    except (HydraException, OmegaConfBaseException) as err:
-        fail(str(config_lib.one_line(err)))
-    except ValueError as err:  # Hydra's reading of the command line (a task's own failure is a traceback)
-        if _in_task(err):
+    except (ConfigError, HydraException, OmegaConfBaseException) as err:  # bad input: one line, exit code 2
+        fail(str(err) if isinstance(err, ConfigError) else str(config_lib.one_line(err)))
+    except ValueError as err:  # Hydra's reading of the command line; the task's own (a frame of app): a traceback
+        if any(frame.f_code is app.__wrapped__.__code__ for frame, _ in traceback.walk_tb(err.__traceback__)):
             raise
         fail(str(config_lib.one_line(err)))
     return 0

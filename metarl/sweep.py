@@ -84,11 +84,7 @@ def run_job(composed, hydra_cfg) -> float:
 
 
 class Stopped(Exception):
-    """A job stopped by a stop signal, with its exit code: the sweep stops too."""
-
-    def __init__(self, code: int):
-        super().__init__(f"stopped with exit code {code}")
-        self.code = code
+    """``Stopped(exit code)``: a job stopped by a stop signal; the sweep stops too."""
 
 
 def stop(master, code: int, parent) -> None:
