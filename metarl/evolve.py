@@ -100,7 +100,8 @@ class RunHooks(Callback):
         return {}  # a launcher's worker process gets the hooks without the sweep's MLflow run
 
     def on_run_start(self, config, **kwargs) -> None:
-        """Before Hydra makes its output directory and changes into it: the run has its own."""
+        """Before Hydra makes its output directory and changes into it (a sweep's job, its directory in
+        the sweep's): the run has its own."""
         if config.hydra.job.chdir:
             fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it "
                  "was started in)")
@@ -108,13 +109,14 @@ class RunHooks(Callback):
             fail(f"hydra.run.dir: {config.hydra.run.dir}; allowed: run_dir=PATH, which names the run's directory")
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        self.on_run_start(config)
         HydraConfig.instance().set_config(config)  # for ${hydra:...} in the sweep's settings
         self.parent = _exit_on_error(lambda: _sweep().start(config))
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
         stopped = getattr(job_return, "_return_value", None)  # a failed job's exception
         if config.hydra.mode == RunMode.MULTIRUN and isinstance(stopped, _sweep().Stopped):
-            _sweep().stop(config, stopped.args[0], self.parent)
+            raise SystemExit(_sweep().finish(config, self.parent, stopped.args[0]))
 
     def on_multirun_end(self, config, **kwargs) -> None:
         code = _exit_on_error(lambda: _sweep().finish(config, self.parent))

@@ -19,6 +19,7 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
+from typing import Optional
 
 from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
@@ -67,7 +68,7 @@ def job_run_dir(hydra_cfg) -> Path:
 
 def run_job(composed, hydra_cfg) -> float:
     """One job, from Hydra's launcher: its record, its run, its exit code in the record. A job stopped
-    by a stop signal stops the sweep (``Stopped``, which the sweep's Hydra callback hands to ``stop``)."""
+    by a stop signal stops the sweep (``Stopped``, which the sweep's Hydra callback hands to ``finish``)."""
     num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
     overrides = [str(o) for o in hydra_cfg.overrides.task]
     sweep_dir = Path(str(hydra_cfg.sweep.dir))
@@ -84,21 +85,7 @@ def run_job(composed, hydra_cfg) -> float:
 
 
 class Stopped(Exception):
-    """``Stopped(exit code)``: a job stopped by a stop signal; the sweep stops too."""
-
-
-def stop(master, code: int, parent) -> None:
-    """After a job stopped by a stop signal: the summary, the sweep's MLflow run ended, how to continue;
-    the process exits with the job's code."""
-    sweep_dir = Path(str(master.hydra.sweep.dir))
-    rows = write_summary(sweep_dir)
-    _end_mlflow(parent, sweep_dir, rows, stopped=True)
-    print(f"\nsweep stopped: {len(rows)} job(s); summary in {sweep_dir / SUMMARY_CSV}", flush=True)
-    again = [a for a in shlex.split(os.environ.get(COMMAND_ENV, ""))
-             if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
-    print(f"continue with: python -m metarl.evolve {shlex.join([*again, f'run_dir={sweep_dir}'])}",
-          file=sys.stderr, flush=True)
-    raise SystemExit(code)
+    """``Stopped(exit code)``: a job stopped by a stop signal; the sweep stops too (``finish``)."""
 
 
 def _run(composed, run_dir: Path) -> int:
@@ -173,9 +160,6 @@ def start(master):
     if master.get("resume"):
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
              "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
-    if master.hydra.job.chdir:
-        fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "
-             "started in)")
     hydra_overrides = _hydra_overrides(master)
     sweep_dir = Path(str(master.hydra.sweep.dir))
     config_lib.check_run_dir(str(sweep_dir), "run_dir")
@@ -265,12 +249,19 @@ def _end_mlflow(opened, sweep_dir: Path, rows: list[dict], stopped: bool) -> Non
         os.environ[PARENT_RUN_ENV] = outer
 
 
-def finish(master, parent) -> int:
-    """After the last job: the summary, the sweep's MLflow run (``start``'s) ended, and the sweep's exit
-    code (the worst job's)."""
+def finish(master, parent, stopped: Optional[int] = None) -> int:
+    """After the last job, or after a job ``stopped`` by a stop signal (its exit code): the summary, the
+    sweep's MLflow run (``start``'s) ended, and the sweep's exit code (the worst job's, or ``stopped``)."""
     sweep_dir = Path(str(master.hydra.sweep.dir))
     rows = write_summary(sweep_dir)
-    _end_mlflow(parent, sweep_dir, rows, stopped=False)
+    _end_mlflow(parent, sweep_dir, rows, stopped=stopped is not None)
+    if stopped is not None:
+        print(f"\nsweep stopped: {len(rows)} job(s); summary in {sweep_dir / SUMMARY_CSV}", flush=True)
+        again = [a for a in shlex.split(os.environ.get(COMMAND_ENV, ""))
+                 if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
+        print(f"continue with: python -m metarl.evolve {shlex.join([*again, f'run_dir={sweep_dir}'])}",
+              file=sys.stderr, flush=True)
+        return stopped
     failed = sum(r["exit_code"] != 0 for r in rows)
     print(f"\nsweep done: {len(rows)} job(s), {failed} failed or unfinished; summary in {sweep_dir / SUMMARY_CSV}",
           flush=True)
