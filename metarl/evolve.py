@@ -72,9 +72,7 @@ def app(composed) -> Optional[float]:
     optimising sweeper can search on)."""
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        from metarl import sweep  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
-
-        return sweep.run_job(composed, hydra_cfg)
+        return _sweep().run_job(composed, hydra_cfg)
     try:  # an exception would reach Hydra, which prints a line of its own: exit here
         cfg, run_dir, resuming, named = resolve(composed, hydra_cfg)
     except ConfigError as err:
@@ -84,7 +82,6 @@ def app(composed) -> Optional[float]:
     code = execute(cfg, run_dir, resuming, named)
     if code:
         raise SystemExit(code)
-    return None
 
 
 class RunHooks(Callback):
@@ -140,21 +137,22 @@ def _exit_on_error(step):
         raise SystemExit(1)
 
 
-# Hydra's own flags (``--hydra-help`` lists them), those that take a value in the second group.
-HYDRA_FLAGS = "-h --help --hydra-help --version --resolve -r --run -m --multirun -sc --shell-completion -i --info".split()
-HYDRA_VALUE_FLAGS = "-c --cfg -p --package -cp --config-path -cn --config-name -cd --config-dir --experimental-rerun".split()
+# Hydra's own flags (``--hydra-help`` lists them); those that take a value.
+HYDRA_FLAGS = "-h --help --hydra-help --version --resolve -r --run -m --multirun -sc --shell-completion -i --info"
+HYDRA_VALUE_FLAGS = "-c --cfg -p --package -cp --config-path -cn --config-name -cd --config-dir --experimental-rerun"
 
 
 def check_arguments(argv: list[str]) -> None:
     """Refuse, in one line naming it, an argument that Hydra would answer with its usage or an error
-    that does not name it: a flag not its own (``--popsize=4``) or an override without a key (``=4``, '')."""
+    that does not name it: a flag not its own (``--popsize=4``), an override without a key (``=4``, '')."""
     takes_value = False
     for arg in argv:
         key, _, value = arg.partition("=")
         if takes_value:  # the value of a flag of Hydra's
             takes_value = False
         elif arg.startswith("-") and len(arg) > 1:
-            flags = [f for f in HYDRA_FLAGS + HYDRA_VALUE_FLAGS if f == key or key.startswith("--") and f.startswith(key)]
+            flags = [f for f in f"{HYDRA_FLAGS} {HYDRA_VALUE_FLAGS}".split()
+                     if f == key or key.startswith("--") and f.startswith(key)]
             if not flags:
                 name = key.lstrip("-")
                 known = [k for k in config_lib.flatten(config_lib.to_dict(config_lib.RunConfig(experiment="")))
@@ -162,7 +160,7 @@ def check_arguments(argv: list[str]) -> None:
                 fail(f"argument {arg!r}: not a flag of metarl.evolve; allowed: overrides KEY=VALUE without dashes, "
                      f"such as {(known or [name])[0]}={value or 'VALUE'}, and Hydra's flags --help, --cfg, -m, "
                      "--config-dir, --config-name, ... (--hydra-help lists them)")
-            takes_value = flags[0] in HYDRA_VALUE_FLAGS and "=" not in arg
+            takes_value = flags[0] in HYDRA_VALUE_FLAGS.split() and "=" not in arg
         elif not key.lstrip("+~"):
             fail(f"argument {arg!r}: {'empty' if not arg else 'no key'}; allowed: an override KEY=VALUE, such "
                  "as es.popsize=4")
