@@ -1,5 +1,6 @@
 """Parts named by ``_target_``: a dotted path to a class, built by ``hydra.utils.instantiate`` with
-its constructor arguments from the config. Every problem is one line naming the config field.
+its constructor arguments from the config. Every problem is a one-line ``ValueError`` naming the
+argument (``_target_``, or one of the class's), as the caller's ``field`` and ``arg_field`` say.
 
     component: {kind: value_loss, _target_: my_pkg.losses.HuberValueLoss, delta: 1.0}
     inner:     {_target_: my_pkg.trainer.MyConfig, total_timesteps: 20000}
@@ -17,15 +18,11 @@ from typing import Any, Callable
 TARGET = "_target_"
 
 
-class ConfigError(ValueError):
-    """A bad setting; the message is one line naming the field."""
-
-
-def locate(path: Any, field: str) -> Any:
+def locate(path: Any, field: str = TARGET) -> Any:
     """The object at the dotted ``path``; ``field`` names the setting in the error."""
     allowed = "allowed: the dotted path of an importable class, such as my_pkg.module.MyClass"
     if not isinstance(path, str) or "." not in path.strip("."):
-        raise ConfigError(f"{field}: {path!r}; {allowed}")
+        raise ValueError(f"{field}: {path!r}; {allowed}")
     parts = path.split(".")
     module, error = None, None
     for i in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
@@ -35,17 +32,17 @@ def locate(path: Any, field: str) -> Any:
             error = error or err
             continue
         except Exception as err:  # the module exists but fails on import
-            raise ConfigError(f"{field}: {path!r} cannot be imported ({type(err).__name__}: "
+            raise ValueError(f"{field}: {path!r} cannot be imported ({type(err).__name__}: "
                               f"{_first_line(err)}); {allowed}") from None
         obj = module
         try:
             for name in parts[i:]:
                 obj = getattr(obj, name)
         except AttributeError:
-            raise ConfigError(f"{field}: {path!r} cannot be imported ({'.'.join(parts[:i])} has no "
+            raise ValueError(f"{field}: {path!r} cannot be imported ({'.'.join(parts[:i])} has no "
                               f"{'.'.join(parts[i:])}); {allowed}") from None
         return obj
-    raise ConfigError(f"{field}: {path!r} cannot be imported (ModuleNotFoundError: {_first_line(error)}); "
+    raise ValueError(f"{field}: {path!r} cannot be imported (ModuleNotFoundError: {_first_line(error)}); "
                       f"{allowed}")
 
 
@@ -69,26 +66,26 @@ def constructor_arguments(cls: Any) -> tuple[list[str], bool]:
     return names, True
 
 
-def instantiate(path: str, args: dict, field: str, arg_field: str | Callable[[str], str],
+def instantiate(path: str, args: dict, field: str = TARGET, arg_field: str | Callable[[str], str] = "",
                 injected: dict | None = None, reserved: tuple = ()) -> Any:
     """Build the class at ``path`` with the config's ``args`` plus the objects metarl hands it
-    (``injected``, e.g. the parameter template). ``arg_field`` names an argument in errors: a prefix
-    (``"component."``) or ``argument -> field``, for arguments that come from several places."""
+    (``injected``, e.g. the parameter template). Errors name ``field`` for the class and an argument by
+    its name, after ``arg_field``: a prefix or ``argument -> name``."""
     from hydra.errors import InstantiationException
     from hydra.utils import instantiate as hydra_instantiate
 
     name_of = arg_field if callable(arg_field) else (lambda key: f"{arg_field}{key}")
     cls = locate(path, field)
     if not callable(cls):
-        raise ConfigError(f"{field}: {path!r} is not a class; allowed: the dotted path of a class")
+        raise ValueError(f"{field}: {path!r} is not a class; allowed: the dotted path of a class")
     names, any_kwargs = constructor_arguments(cls)
     injected = dict(injected or {})
     for key in args:
         if key in reserved or key in injected:
-            raise ConfigError(f"{name_of(key)}: set by metarl, not by the config; allowed: "
+            raise ValueError(f"{name_of(key)}: set by metarl, not by the config; allowed: "
                               f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
         if not any_kwargs and key not in names:
-            raise ConfigError(f"{name_of(key)}: not an argument of {path}; allowed: "
+            raise ValueError(f"{name_of(key)}: not an argument of {path}; allowed: "
                               f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
     # Hydra builds the class with the config's arguments (a nested `_target_` among them is built
     # too); lists are handed over as tuples afterwards, since Hydra would turn them back into lists and
@@ -103,14 +100,14 @@ def instantiate(path: str, args: dict, field: str, arg_field: str | Callable[[st
         cause = err.__cause__ or err
     except (ValueError, TypeError, AssertionError) as err:
         cause = err
-    if isinstance(cause, (ConfigError, AssertionError)):
+    if isinstance(cause, AssertionError):
         raise cause
     message = _first_line(cause)
     if isinstance(cause, ValueError) and ":" in message.split(";")[0]:
         # The class names its own argument first ("hidden: ...; allowed: ..."), as metarl's do.
         key, _, rest = message.partition(":")
-        raise ConfigError(f"{name_of(key)}:{rest}") from None
-    raise ConfigError(f"{field}: {path} failed to build ({type(cause).__name__}: {message})") from None
+        raise ValueError(f"{name_of(key)}:{rest}") from None
+    raise ValueError(f"{field}: {path} failed to build ({type(cause).__name__}: {message})") from None
 
 
 def _first_line(err: BaseException | None) -> str:

@@ -38,9 +38,8 @@ def memory_floats(config: Any) -> Optional[int]:
 
 
 def memory_field(config: Any) -> str:
-    """The setting a training's memory grows with, as the run config names it."""
-    field = getattr(config, "MEMORY_FIELD", "")
-    return f"inner.{field}" if field else "inner"
+    """The config field a training's memory grows with ("" where the trainer declares none)."""
+    return getattr(config, "MEMORY_FIELD", "")
 
 
 # --- helpers for the shipped trainers' estimates ---------------------------------------------------------

@@ -4,6 +4,7 @@ says what is allowed (``ConfigError``); nothing is compiled before the config is
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -12,7 +13,7 @@ import re
 import time
 import typing
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
@@ -26,13 +27,48 @@ from pydantic_core import SchemaValidator, ValidationError
 from metarl import experiments as _experiments_pkg
 from metarl.outer_loops.es_config import ESConfig
 from metarl.inner_loops.config_checks import INT32_MAX
-from metarl.inner_loops.plugins import ConfigError
 
 EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
 RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "fitness.validation_seeds", "checkpoint", "logger",
                     "devices")
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line naming the field."""
+
+
+# --- the lower layers' errors in the config's terms ----------------------------------------------
+# inner_loops and outer_loops name their own arguments ("popsize: 7 is odd; allowed: ..."); here are the
+# config's paths of them, by what the harness hands a layer: a prefix, or {argument: path, "*": prefix}.
+LAYER_PATHS = {"es": "es.", "component": "component.", "inner": "inner.", "kind": {"_target_": "component.kind"},
+               "evolution": {"num_seeds": "fitness.num_seeds", "*": "es."}}
+
+
+def layer_path(where: str | Callable[[str], str], key: str) -> str:
+    """A lower layer's argument ``key`` as the config names it: by ``LAYER_PATHS[where]``, or ``where(key)``."""
+    paths = where if callable(where) else LAYER_PATHS[where]
+    if callable(paths):
+        return paths(key)
+    paths = paths if isinstance(paths, dict) else {"*": paths}
+    return paths.get(key) or (paths.get("*", "") + key).rstrip(".") or "config"
+
+
+@contextlib.contextmanager
+def layer_errors(where: str | Callable[[str], str]):
+    """Where the harness calls into inner_loops or outer_loops: their ``ValueError``, which names their
+    argument first, becomes a ``ConfigError`` naming the config's path (``layer_path``)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as err:
+        line = (str(err).strip() or type(err).__name__).splitlines()[0]
+        key, colon, rest = line.partition(":")
+        if not colon or " " in key.strip():  # no argument named: the part of the config itself
+            key, rest = "", f" {line}"
+        raise ConfigError(f"{layer_path(where, key.strip())}:{rest}") from None
 
 
 # --- the schema ----------------------------------------------------------------------------------

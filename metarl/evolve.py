@@ -30,10 +30,6 @@ from metarl.config import ConfigError
 from metarl.rundir import RunDir
 from metarl.rundir import unique_dir
 
-# What main() returns after a sweep: its exit code (set by the sweep's callback in this process).
-_sweep_exit: list[int] = []
-_task_started: list[bool] = []
-
 
 def resolve(composed, hydra_cfg) -> tuple:
     """From the composed config to ``(RunConfig, run_dir, resuming, named)``, refusing anything unsafe
@@ -75,12 +71,9 @@ def _resume(resume: str, hydra_cfg) -> tuple:
 def app(composed) -> Optional[float]:
     """Hydra's task: one run, or one job of a sweep (whose return value, the job's best fitness, an
     optimising sweeper can search on)."""
-    _task_started.append(True)
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        from metarl import sweep  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
-
-        return sweep.run_job(composed, hydra_cfg)
+        return _sweep().run_job(composed, hydra_cfg)
     try:  # an exception would reach Hydra, which prints a line of its own: exit here
         cfg, run_dir, resuming, named = resolve(composed, hydra_cfg)
     except ConfigError as err:
@@ -90,16 +83,23 @@ def app(composed) -> Optional[float]:
     code = execute(cfg, run_dir, resuming, named)
     if code:
         raise SystemExit(code)
-    return None
 
 
 class RunHooks(Callback):
     """With ``-m``: every job checked before the first starts, the sweep's MLflow run, and the summary
-    (``metarl.sweep``). Hydra makes it for a single run too, where it does nothing. Hydra turns a
+    (``metarl.sweep``); a job stopped by a stop signal stops the sweep, and the sweep's exit code is its
+    worst job's. Hydra makes one for a single run too, where it checks Hydra's settings. Hydra turns a
     callback's exception into a warning and goes on, so a failure here exits the process instead."""
 
+    def __init__(self) -> None:
+        self.parent = None  # the sweep's MLflow run, in the process that runs the sweep (``sweep.start``)
+
+    def __getstate__(self) -> dict:
+        return {}  # a launcher's worker process gets the hooks without the sweep's MLflow run
+
     def on_run_start(self, config, **kwargs) -> None:
-        """Before Hydra makes its output directory and changes into it: the run has its own."""
+        """Before Hydra makes its output directory and changes into it (a sweep's job, its directory in
+        the sweep's): the run has its own."""
         if config.hydra.job.chdir:
             fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it "
                  "was started in)")
@@ -107,11 +107,19 @@ class RunHooks(Callback):
             fail(f"hydra.run.dir: {config.hydra.run.dir}; allowed: run_dir=PATH, which names the run's directory")
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        self.on_run_start(config)
         HydraConfig.instance().set_config(config)  # for ${hydra:...} in the sweep's settings
-        _exit_on_error(lambda: _sweep().start(config))
+        self.parent = _exit_on_error(lambda: _sweep().start(config))
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        stopped = getattr(job_return, "_return_value", None)  # a failed job's exception
+        if config.hydra.mode == RunMode.MULTIRUN and isinstance(stopped, _sweep().Stopped):
+            raise SystemExit(_sweep().finish(config, self.parent, stopped.args[0]))
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        _sweep_exit.append(_exit_on_error(lambda: _sweep().finish(config)))
+        code = _exit_on_error(lambda: _sweep().finish(config, self.parent))
+        if code:
+            raise SystemExit(code)
 
 
 def _sweep():
@@ -130,23 +138,49 @@ def _exit_on_error(step):
         raise SystemExit(1)
 
 
+# Hydra's own flags (``--hydra-help`` lists them); those that take a value.
+HYDRA_FLAGS = "-h --help --hydra-help --version --resolve -r --run -m --multirun -sc --shell-completion -i --info"
+HYDRA_VALUE_FLAGS = "-c --cfg -p --package -cp --config-path -cn --config-name -cd --config-dir --experimental-rerun"
+
+
+def check_arguments(argv: list[str]) -> None:
+    """Refuse, in one line naming it, an argument that Hydra would answer with its usage or an error
+    that does not name it: a flag not its own (``--popsize=4``), an override without a key (``=4``, '')."""
+    takes_value = False
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if takes_value:  # the value of a flag of Hydra's
+            takes_value = False
+        elif arg.startswith("-") and len(arg) > 1:
+            flags = [f for f in f"{HYDRA_FLAGS} {HYDRA_VALUE_FLAGS}".split()
+                     if f == key or key.startswith("--") and f.startswith(key)]
+            if not flags:
+                name = key.lstrip("-")
+                known = [k for k in config_lib.flatten(config_lib.to_dict(config_lib.RunConfig(experiment="")))
+                         if k == name or k.endswith(f".{name}")]
+                fail(f"argument {arg!r}: not a flag of metarl.evolve; allowed: overrides KEY=VALUE without dashes, "
+                     f"such as {(known or [name])[0]}={value or 'VALUE'}, and Hydra's flags --help, --cfg, -m, "
+                     "--config-dir, --config-name, ... (--hydra-help lists them)")
+            takes_value = flags[0] in HYDRA_VALUE_FLAGS.split() and "=" not in arg
+        elif not key.lstrip("+~"):
+            fail(f"argument {arg!r}: {'empty' if not arg else 'no key'}; allowed: an override KEY=VALUE, such "
+                 "as es.popsize=4")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    _sweep_exit.clear()  # this command's alone, also when a program calls main() more than once
-    _task_started.clear()
+    check_arguments(sys.argv[1:])
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors, so that they become one line here
     try:
-        app()
-    except ConfigError as err:  # bad input: one line, exit code 2
-        fail(str(err))
-    except (HydraException, OmegaConfBaseException) as err:
-        fail(str(config_lib.one_line(err)))
-    except ValueError as err:  # Hydra's reading of the command line (a task's own failure is a traceback)
-        if _task_started:
+        app()  # a sweep ends with its exit code (RunHooks.on_multirun_end)
+    except (ConfigError, HydraException, OmegaConfBaseException) as err:  # bad input: one line, exit code 2
+        fail(str(err) if isinstance(err, ConfigError) else str(config_lib.one_line(err)))
+    except ValueError as err:  # Hydra's reading of the command line; the task's own (a frame of app): a traceback
+        if any(frame.f_code is app.__wrapped__.__code__ for frame, _ in traceback.walk_tb(err.__traceback__)):
             raise
         fail(str(config_lib.one_line(err)))
-    return _sweep_exit[-1] if _sweep_exit else 0
+    return 0
 
 
 if __name__ == "__main__":

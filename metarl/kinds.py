@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from metarl.inner_loops import plugins
-from metarl.config import ConfigError
+from metarl.config import ConfigError, layer_errors
 from metarl.inner_loops.config_checks import INT32_MAX
 from metarl.outer_loops.search_space import HyperparamSpace
 
@@ -38,7 +38,8 @@ class Kind:
 
     def figures(self, *args) -> list:
         """The kind's figures of a run (``plot``, imported first when it is a dotted path)."""
-        plot = plugins.locate(self.plot, "component.kind") if isinstance(self.plot, str) else self.plot
+        with layer_errors("kind"):
+            plot = plugins.locate(self.plot) if isinstance(self.plot, str) else self.plot
         return plot(*args)
 
     def build(self, spec: dict, trainer_fields: list[str]):
@@ -46,7 +47,8 @@ class Kind:
         target = spec.pop(plugins.TARGET, None) or self.component
         if target is None:
             raise ConfigError(f"component._target_: not given; allowed: a component class for kind {self.name}")
-        component = plugins.instantiate(target, spec, "component._target_", "component.")
+        with layer_errors("component"):
+            component = plugins.instantiate(target, spec)
         if not (callable(getattr(component, "init", None)) and callable(getattr(component, "apply", None))):
             raise ConfigError(f"component._target_: {target} has no init(key) and apply(meta_params, ...); "
                               "allowed: a component class with both (see metarl.inner_loops.components)")
@@ -86,10 +88,8 @@ class Hyperparams(Kind):
         for key in spec:
             if key != "search":
                 raise ConfigError(f"component.{key}: unknown setting; allowed: kind, search")
-        try:
+        with layer_errors("component"):
             return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
 
     def trainer(self, module, inner, component) -> Callable:
         return lambda meta: module.make_train(inner.replace(**component.decode(meta)))
@@ -97,10 +97,8 @@ class Hyperparams(Kind):
     def start(self, component, inner, init_mean: str, seed: int):
         template = component.template()
         start = {name: getattr(inner, name) for name in component.names}
-        try:
+        with layer_errors("component"):  # a start outside the bounds
             return template, (component.encode(start) if init_mean == "init" else template), component.describe
-        except ValueError as err:  # a start outside the bounds
-            raise ConfigError(str(err)) from None
 
     def values(self, component, meta) -> dict:
         return {k: float(v) for k, v in component.decode(meta).items()}
@@ -122,7 +120,8 @@ def get(name: Any) -> Kind:
     module of your own (``my_pkg.kinds.STEP_SCALE``), registered here, so that the command line and a
     saved config reach it without code."""
     if isinstance(name, str) and name not in KINDS and "." in name:
-        found = plugins.locate(name, "component.kind")
+        with layer_errors("kind"):
+            found = plugins.locate(name)
         if not isinstance(found, Kind):
             raise ConfigError(f"component.kind: {name} is a {type(found).__name__}, not a Kind; allowed: "
                               f"{', '.join(KINDS)}, or the dotted path of a metarl.kinds.Kind")

@@ -68,7 +68,8 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
     check_mlflow(cfg.logger.mlflow)
     if setup_devices:
         devices.setup(cfg.devices)  # before any JAX computation
-    cfg.es.validate()
+    with config_lib.layer_errors("es"):
+        cfg.es.validate()
     task = task or build_task(cfg)
     stages.check_tuning(cfg)
     if not jax.tree.leaves(task.template):

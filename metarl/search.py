@@ -15,6 +15,7 @@ import numpy as np
 
 from metarl import compilation, devices, rundir
 from metarl.cli import stop_signals_to
+from metarl import config as config_lib
 from metarl.config import RunConfig
 from metarl.progress import progress
 from metarl.rundir import RunDir
@@ -61,12 +62,13 @@ def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", refere
     task = task or build_task(cfg)
     if mesh == "auto":
         mesh = devices.run_mesh(cfg)
-    evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
-                    init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
-                    describe_search=task.describe_search,
-                    aggregate=make_aggregate(reference, cfg.fitness.aggregate),
-                    control_fn=task.control_fn if cfg.fitness.control != "none" else None,
-                    paired=cfg.fitness.control == "paired", keep_top=max(1, cfg.fitness.validation_top))
+    with config_lib.layer_errors("evolution"):
+        evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
+                        init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
+                        describe_search=task.describe_search,
+                        aggregate=make_aggregate(reference, cfg.fitness.aggregate),
+                        control_fn=task.control_fn if cfg.fitness.control != "none" else None,
+                        paired=cfg.fitness.control == "paired", keep_top=max(1, cfg.fitness.validation_top))
     return task, evo
 
 
@@ -139,7 +141,8 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
             record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)
             history.append(record)
             logger.log(record)
-            warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations))
+            warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations),
+                                    lambda name: config_lib.layer_path("evolution", name))
             if warning:
                 logger.message(warning)
             if record["best_so_far"] > best_so_far and is_main:

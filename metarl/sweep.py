@@ -19,6 +19,7 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
+from typing import Optional
 
 from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
@@ -40,11 +41,6 @@ COLUMNS = ("job", "overrides", "exit_code", "generations", "best", "last_mean", 
 # Exit codes of a run stopped by a stop signal (checkpoint saved): the sweep stops too.
 STOPPED = tuple(128 + int(sig) for sig in STOP_SIGNALS)
 
-# Each job's (config, task) as checked before the sweep started, by the job's overrides: a job that
-# runs in this process (the basic launcher) uses its task rather than building it again.
-_CHECKED: dict = {}
-# The sweep's MLflow run (the parent of its jobs' runs), and what PARENT_RUN_ENV was before it.
-_PARENT: dict = {}
 # The sweep's command line, as Hydra recorded it (``command``): set when the sweep starts, so that it
 # reaches the jobs wherever the launcher runs them.
 COMMAND_ENV = "METARL_SWEEP_COMMAND"
@@ -72,7 +68,7 @@ def job_run_dir(hydra_cfg) -> Path:
 
 def run_job(composed, hydra_cfg) -> float:
     """One job, from Hydra's launcher: its record, its run, its exit code in the record. A job stopped
-    by a stop signal stops the sweep: the summary is written and the process exits with its code."""
+    by a stop signal stops the sweep (``Stopped``, which the sweep's Hydra callback hands to ``finish``)."""
     num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
     overrides = [str(o) for o in hydra_cfg.overrides.task]
     sweep_dir = Path(str(hydra_cfg.sweep.dir))
@@ -80,28 +76,23 @@ def run_job(composed, hydra_cfg) -> float:
     row = {"job": num, "overrides": " ".join(overrides), "exit_code": None, "run_dir": str(run_dir)}
     _write_json(record, row)  # a job killed outright stays in the summary, without an exit code
     print(f"\nsweep job {num}: {row['overrides'] or '(no overrides)'}", flush=True)
-    row["exit_code"] = _run(composed, run_dir, overrides)
+    row["exit_code"] = _run(composed, run_dir)
     _write_json(record, row)
     if row["exit_code"] in STOPPED:
-        rows = write_summary(sweep_dir)
-        _end_mlflow(sweep_dir, rows, stopped=True)
-        print(f"\nsweep stopped: {len(rows)} job(s); summary in {sweep_dir / SUMMARY_CSV}", flush=True)
-        again = [a for a in shlex.split(os.environ.get(COMMAND_ENV, ""))
-                 if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
-        print(f"continue with: python -m metarl.evolve {shlex.join([*again, f'run_dir={sweep_dir}'])}",
-              file=sys.stderr, flush=True)
-        raise SystemExit(row["exit_code"])
+        raise Stopped(row["exit_code"])
     best = _results(run_dir)["best"]
     return math.nan if best is None else best
 
 
-def _run(composed, run_dir: Path, overrides: list[str]) -> int:
+class Stopped(Exception):
+    """``Stopped(exit code)``: a job stopped by a stop signal; the sweep stops too (``finish``)."""
+
+
+def _run(composed, run_dir: Path) -> int:
     try:
         cfg = dataclasses.replace(config_lib.from_composed(composed), run_dir=str(run_dir))
-        cached = _CHECKED.get(tuple(overrides))
-        task = cached[1] if cached is not None and cached[0] == cfg else None
         resuming = check_existing(cfg, run_dir)
-        return execute(cfg, run_dir, resuming, named=True, task=task)
+        return execute(cfg, run_dir, resuming, named=True)
     except config_lib.ConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
@@ -161,17 +152,14 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
     return [list(job) for job in itertools.product(*values.values())], True
 
 
-def start(master) -> None:
+def start(master):
     """Before the first job: the sweep's own checks, then every job composed and checked as it will run
     (its config, its run directory, its task, devices and memory), exiting with one line on the first
     bad one, naming the job; not ``known`` (another sweeper): the settings the jobs share. Then the
-    sweep's MLflow run, if its jobs log to MLflow."""
+    sweep's MLflow run, if its jobs log to MLflow (``open_mlflow_parent``), which it returns."""
     if master.get("resume"):
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
              "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
-    if master.hydra.job.chdir:
-        fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it was "
-             "started in)")
     hydra_overrides = _hydra_overrides(master)
     sweep_dir = Path(str(master.hydra.sweep.dir))
     config_lib.check_run_dir(str(sweep_dir), "run_dir")
@@ -207,9 +195,7 @@ def start(master) -> None:
                      "core), or a launcher that runs each job in processes of its own "
                      "(hydra/launcher=submitit_slurm)")
             devices.use_cpu_cores(cfg.devices.num_cpu_devices)  # before JAX starts; the jobs share them
-            task = check(cfg, setup_devices=False)
-            if known:
-                _CHECKED[tuple(job)] = (cfg, task)
+            check(cfg, setup_devices=False)
             cfgs.append(cfg)
         except ValueError as err:  # ConfigError among them
             fail(str(err).splitlines()[0] + where)
@@ -219,33 +205,36 @@ def start(master) -> None:
     print(f"sweep: {count} in {sweep_dir}", flush=True)
     args = command(master)
     os.environ[COMMAND_ENV] = shlex.join(args)
-    open_mlflow_parent(cfgs, known, sweep_dir, args)
+    return open_mlflow_parent(cfgs, known, sweep_dir, args)
 
 
-def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]) -> None:
+def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]):
     """The sweep's MLflow run, when its jobs log to MLflow: the parent of their runs, which are nested
     under it through ``PARENT_RUN_ENV`` (an environment variable, so that it reaches jobs that other
     processes run). It holds, as parameters, the settings every job shares (known jobs only: another
-    sweeper's are not known in advance). A sweep continued in the same directory continues it."""
+    sweeper's are not known in advance). A sweep continued in the same directory continues it.
+    Returns ``(the run, what PARENT_RUN_ENV was before it)``, or None."""
     enabled = [cfg for cfg in cfgs if cfg.logger.mlflow.mode == "enabled"]
     if not enabled:
-        return
+        return None
     flat = [config_lib.flatten(cfg.to_dict()) for cfg in cfgs]
     shared = {k: v for k, v in flat[0].items() if all(k in f and f[k] == v for f in flat[1:])} if known else {}
     sweep_dir.mkdir(parents=True, exist_ok=True)
     parent = MlflowRun(enabled[0].logger.mlflow, enabled[0].experiment, sweep_dir, sweep_dir.name, shared,
                        {"metarl.sweep_dir": str(sweep_dir), "metarl.command": shlex.join(argv)},
                        lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
-    if parent.active:
-        _PARENT.update(run=parent, outer=os.environ.get(PARENT_RUN_ENV))
-        os.environ[PARENT_RUN_ENV] = parent.run_id
+    if not parent.active:
+        return None
+    outer = os.environ.get(PARENT_RUN_ENV)
+    os.environ[PARENT_RUN_ENV] = parent.run_id
+    return parent, outer
 
 
-def _end_mlflow(sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
-    """The summary on the sweep's MLflow run (docs/tracking.md), which then ends."""
-    parent = _PARENT.pop("run", None)
-    if parent is None:
+def _end_mlflow(opened, sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
+    """The summary on the sweep's MLflow run (``opened``: ``open_mlflow_parent``'s), which then ends."""
+    if opened is None:
         return
+    parent, outer = opened
     scored = [r for r in rows if r["best"] is not None and math.isfinite(r["best"])]
     if scored:
         best = max(scored, key=lambda r: r["best"])
@@ -256,15 +245,23 @@ def _end_mlflow(sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
     failed = any(r["exit_code"] != 0 for r in rows)
     parent.finish("KILLED" if stopped else "FAILED" if failed else "FINISHED")
     os.environ.pop(PARENT_RUN_ENV, None)
-    if _PARENT.get("outer") is not None:
-        os.environ[PARENT_RUN_ENV] = _PARENT.pop("outer")
+    if outer is not None:
+        os.environ[PARENT_RUN_ENV] = outer
 
 
-def finish(master) -> int:
-    """After the last job: the summary, and the sweep's exit code (the worst job's)."""
+def finish(master, parent, stopped: Optional[int] = None) -> int:
+    """After the last job, or after a job ``stopped`` by a stop signal (its exit code): the summary, the
+    sweep's MLflow run (``start``'s) ended, and the sweep's exit code (the worst job's, or ``stopped``)."""
     sweep_dir = Path(str(master.hydra.sweep.dir))
     rows = write_summary(sweep_dir)
-    _end_mlflow(sweep_dir, rows, stopped=False)
+    _end_mlflow(parent, sweep_dir, rows, stopped=stopped is not None)
+    if stopped is not None:
+        print(f"\nsweep stopped: {len(rows)} job(s); summary in {sweep_dir / SUMMARY_CSV}", flush=True)
+        again = [a for a in shlex.split(os.environ.get(COMMAND_ENV, ""))
+                 if a.split("=", 1)[0] not in ("run_dir", "hydra.sweep.dir")]
+        print(f"continue with: python -m metarl.evolve {shlex.join([*again, f'run_dir={sweep_dir}'])}",
+              file=sys.stderr, flush=True)
+        return stopped
     failed = sum(r["exit_code"] != 0 for r in rows)
     print(f"\nsweep done: {len(rows)} job(s), {failed} failed or unfinished; summary in {sweep_dir / SUMMARY_CSV}",
           flush=True)

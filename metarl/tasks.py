@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metarl import kinds
-from metarl.config import ConfigError, RunConfig
+from metarl.config import ConfigError, RunConfig, layer_errors, layer_path
 from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops import trainer as trainer_protocol
 from metarl.inner_loops import plugins
@@ -65,28 +65,26 @@ def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
             raise ConfigError(f"{spec.path}.inner.{key}: set for the whole run; allowed: the trainer's own "
                               "settings (total_timesteps, num_envs, num_steps, hidden, ...)")
     inner.update(spec.inner)
-    config_cls = plugins.locate(target, field)
-    module = trainer_module(config_cls)
     env_field = "env" if spec.path == "env" else f"{spec.path}.env"
-    envs_lib.build(spec.env, spec.env_args or (), env_field if spec.env_args is None else f"{env_field}._target_")
 
     def field_of(key: str) -> str:
-        """Where trainer setting ``key`` was set: the task's env, the task's own ``inner`` or the run's."""
-        if key == "env":
-            return env_field
-        return f"{spec.path}.inner.{key}" if key.split(".")[0] in spec.inner else f"inner.{key}"
+        """Where trainer setting ``key`` was set: the trainer's class, the task's env (``env.ARG``), the
+        task's own ``inner`` or the run's."""
+        if key == plugins.TARGET:
+            return field
+        if key.split(".")[0] == "env":
+            return env_field + key[3:]
+        return f"{spec.path}.inner.{key}" if key.split(".")[0] in spec.inner else layer_path("inner", key)
 
-    env = {"env": spec.env, "env_kwargs": spec.env_args or ()}  # for a config class that takes them
-    env = {k: v for k, v in env.items() if k in plugins.constructor_arguments(config_cls)[0]}
-    config = plugins.instantiate(target, inner, field, field_of, injected=env)
-    try:
+    with layer_errors(field_of):  # the trainer, its environment and its config name their own settings
+        config_cls = plugins.locate(target)
+        module = trainer_module(config_cls)
+        envs_lib.build(spec.env, spec.env_args or (), "env" if spec.env_args is None else "env._target_")
+        env = {"env": spec.env, "env_kwargs": spec.env_args or ()}  # for a config class that takes them
+        env = {k: v for k, v in env.items() if k in plugins.constructor_arguments(config_cls)[0]}
+        config = plugins.instantiate(target, inner, injected=env)
         if callable(getattr(config, "validate", None)):
             config.validate()
-    except ConfigError:
-        raise
-    except ValueError as err:  # the trainer names its setting first: "num_envs: ...; allowed: ..."
-        key, _, rest = str(err).partition(":")
-        raise ConfigError(f"{field_of(key)}:{rest}") from None
     if spec.path != "env":
         _check_whole_updates(config, spec)
     return algo, module, config
@@ -145,7 +143,8 @@ def _spec(item: dict, path: str, env_field: str) -> TaskSpec:
     unknown = [k for k in item if k not in TASK_KEYS]
     if unknown:
         raise ConfigError(f"{path}.{unknown[0]}: unknown setting; allowed: {', '.join(TASK_KEYS)}")
-    (env, args), inner = envs_lib.from_config(item.get("env"), env_field), item.get("inner") or {}
+    with layer_errors(str):  # named as given
+        (env, args), inner = envs_lib.from_config(item.get("env"), env_field), item.get("inner") or {}
     if not isinstance(inner, dict):
         raise ConfigError(f"{path}.inner: {inner!r}; allowed: a mapping of trainer settings")
     return TaskSpec(str(item.get("name") or default_name(env, args, inner)), env, dict(inner), path, args)
@@ -266,7 +265,7 @@ def check_memory(cfg: RunConfig, task: Task, available_bytes: Optional[int], mem
     need = 4 * (runs * run_floats * _XLA_OVERHEAD + es_floats)
     if available_bytes and need > available_bytes:
         # Name the setting furthest above its default as the one to shrink first.
-        size_field = trainer_protocol.memory_field(task.inner_config)
+        size_field = layer_path("inner", trainer_protocol.memory_field(task.inner_config))
         excess = {"es.popsize": cfg.es.popsize / 16, "fitness.num_seeds": cfg.fitness.num_seeds / 2,
                   size_field: run_floats / 2**18}
         field = max(excess, key=excess.get)

@@ -42,13 +42,13 @@ class ESConfig:
 
     def strategy_class(self):
         if self.target is not None:
-            return locate(self.target, "es._target_")
+            return locate(self.target)
         STRATEGIES, UNSUPPORTED, _ = strategy_tables()
         if self.strategy in UNSUPPORTED:
-            raise ValueError(f"es.strategy: {self.strategy} does not work with this driver "
+            raise ValueError(f"strategy: {self.strategy} does not work with this driver "
                              f"({UNSUPPORTED[self.strategy]}); allowed: {', '.join(STRATEGIES)}")
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"es.strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)} "
+            raise ValueError(f"strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)} "
                              f"(not: {', '.join(UNSUPPORTED)}, see docs/extending.md)")
         return STRATEGIES[self.strategy]
 
@@ -63,20 +63,20 @@ class ESConfig:
 
     def _check_fields(self) -> None:
         if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
-            raise ValueError(f"es.popsize: {self.popsize!r}; allowed: an integer >= 2")
+            raise ValueError(f"popsize: {self.popsize!r}; allowed: an integer >= 2")
         if not 0 < self.std_init < float("inf"):
-            raise ValueError(f"es.std_init: {self.std_init!r}; allowed: a finite number > 0")
+            raise ValueError(f"std_init: {self.std_init!r}; allowed: a finite number > 0")
         if not 0 < self.lr < float("inf"):
-            raise ValueError(f"es.lr: {self.lr!r}; allowed: a finite number > 0")
+            raise ValueError(f"lr: {self.lr!r}; allowed: a finite number > 0")
         if not 0 <= self.adam_b1 < 1:
-            raise ValueError(f"es.adam_b1: {self.adam_b1!r}; allowed: >= 0 and < 1")
+            raise ValueError(f"adam_b1: {self.adam_b1!r}; allowed: >= 0 and < 1")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"es.optimizer: {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+            raise ValueError(f"optimizer: {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
         if self.fitness_shaping is not None and self.fitness_shaping not in strategy_tables()[2]:
-            raise ValueError(f"es.fitness_shaping: {self.fitness_shaping!r}; allowed: "
+            raise ValueError(f"fitness_shaping: {self.fitness_shaping!r}; allowed: "
                              f"{', '.join(strategy_tables()[2])} or null (the strategy's default)")
         if self.args and self.target is None:
-            raise ValueError(f"es.args: {self.args!r}; allowed: empty unless es._target_ names a strategy class")
+            raise ValueError(f"args: {self.args!r}; allowed: empty unless _target_ names a strategy class")
 
 
 _POPULATION_BASED = "population-based: its init(key, population, fitness, params) starts from a scored " \
@@ -88,8 +88,8 @@ _SEVERAL_MEANS = "Stein variational: keeps num_populations search distributions,
 @functools.cache
 def strategy_tables() -> tuple[dict, dict, dict]:
     """``(STRATEGIES, UNSUPPORTED, FITNESS_SHAPING)``: every evosax strategy the driver runs, by its
-    evosax name (es.strategy=NAME); those it cannot run, each with the reason (shown in
-    es.strategy's error); and evosax's fitness shapings by name."""
+    evosax name (``strategy``); those it cannot run, each with the reason (shown in
+    the strategy's error); and evosax's fitness shapings by name."""
     from evosax.algorithms import algorithms
     from evosax.algorithms.population_based.base import PopulationBasedAlgorithm
     from evosax.core import fitness_shaping as shaping
@@ -97,7 +97,7 @@ def strategy_tables() -> tuple[dict, dict, dict]:
     unsupported = {
         **{name: _POPULATION_BASED for name, cls in algorithms.items() if issubclass(cls, PopulationBasedAlgorithm)},
         "RandomSearch": "needs sampling_fn, a function drawing each candidate, which a name cannot give; "
-                        "name a subclass that supplies one with es._target_",
+                        "name a subclass that supplies one with _target_",
         "SV_CMA_ES": _SEVERAL_MEANS,
         "SV_Open_ES": _SEVERAL_MEANS,
     }
@@ -144,7 +144,7 @@ def make_strategy(config: ESConfig, template: Any):
     kwargs = _driver_kwargs(config, cls)
     try:
         if config.target is not None:
-            es = instantiate(config.target, config.args, "es._target_", "es.args.",
+            es = instantiate(config.target, config.args, arg_field="args.",
                              injected={"population_size": config.popsize, "solution": template, **kwargs},
                              reserved=_DRIVER_ARGUMENTS)
         else:
@@ -152,9 +152,9 @@ def make_strategy(config: ESConfig, template: Any):
     except AssertionError as err:  # evosax checks the population size with asserts
         message = str(err)
         if "even" in message:
-            raise ValueError(f"es.popsize: {config.popsize} is odd but {config.name} needs an even "
+            raise ValueError(f"popsize: {config.popsize} is odd but {config.name} needs an even "
                              f"population (antithetic pairs); allowed: an even number such as {config.popsize + 1}") from None
-        raise ValueError(f"es.popsize: {config.popsize} is refused by {config.name} ({message}); allowed: "
+        raise ValueError(f"popsize: {config.popsize} is refused by {config.name} ({message}); allowed: "
                          "a population size the strategy accepts") from None
     params = es.default_params
     if hasattr(params, "std_init"):

@@ -170,7 +170,7 @@ class Evolution:
                  control_fn: Optional[Callable[[jax.Array], jax.Array]] = None, paired: bool = False,
                  keep_top: int = 1):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
-            raise ValueError(f"fitness.num_seeds: {num_seeds!r}; allowed: a positive integer")
+            raise ValueError(f"num_seeds: {num_seeds!r}; allowed: a positive integer")
         self.config = config
         self.es, self.es_params = make_strategy(config, template)  # checks the settings first
         self.template = template
@@ -190,13 +190,12 @@ class Evolution:
         # baseline), trained on the same seed keys as the members in every generation; paired: the
         # strategy ranks each member's fitness minus the control's on the same seeds.
         if paired and control_fn is None:
-            raise ValueError("fitness.control: paired needs a control to pair with; allowed: none or baseline "
-                             "without one")
+            raise ValueError("paired: True needs a control_fn to pair with; allowed: False without one")
         self.control_fn = control_fn
         self.paired = paired
         self.keep_top = keep_top
         if mesh is not None and config.popsize % mesh.size:
-            raise ValueError(f"es.popsize: {config.popsize} does not divide over {mesh.size} devices; "
+            raise ValueError(f"popsize: {config.popsize} does not divide over {mesh.size} devices; "
                              f"allowed: a multiple of {mesh.size}")
         self.trace_count = 0  # generations traced; stays 1 however many run
         # With a mesh the state stays one fully replicated global array (every process holds the same
@@ -347,10 +346,12 @@ class Evolution:
 NOISE_THRESHOLD, NOISE_GENERATIONS = 0.2, 3
 
 
-def noise_warning(history: list[dict], generations: int = NOISE_GENERATIONS) -> Optional[str]:
+def noise_warning(history: list[dict], generations: int = NOISE_GENERATIONS,
+                  name: Callable[[str], str] = str) -> Optional[str]:
     """The warning, once: when the last record of ``history`` completes generation ``generations`` and
     the signal fraction was below ``NOISE_THRESHOLD`` in every generation so far (None where not
-    measured). Otherwise None."""
+    measured). Otherwise None. ``name`` says how the caller names the levers (``num_seeds``,
+    ``std_init``, ``popsize``)."""
     if not history or history[-1]["generation"] != generations:
         return None
     signals = [r.get("signal") for r in history if r["generation"] <= generations]
@@ -359,6 +360,6 @@ def noise_warning(history: list[dict], generations: int = NOISE_GENERATIONS) -> 
     shown = ", ".join(f"{s:.2f}" for s in signals)
     return (f"warning: the search is noise-dominated: the signal fraction stayed below {NOISE_THRESHOLD} in the "
             f"first {generations} generation(s) ({shown}), so the members' fitness differences are mostly seed "
-            "noise and the best member is mostly luck. Levers: more fitness.num_seeds (divides the seed noise), "
-            "a larger es.std_init (members further apart differ more), a larger es.popsize (more members per "
-            "update); docs/signal.md")
+            f"noise and the best member is mostly luck. Levers: more {name('num_seeds')} (divides the seed noise), "
+            f"a larger {name('std_init')} (members further apart differ more), a larger {name('popsize')} (more "
+            "members per update); docs/signal.md")

@@ -1,6 +1,6 @@
 """A bounded search space over a trainer's float hyperparameters: the search runs over unbounded
 numbers that decode into the bounds, so every member of a population is a valid setting. Errors are
-one-line ValueErrors naming the ``component.search`` field."""
+one-line ValueErrors naming the entry of ``search`` (``search.lr.low``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,10 +29,10 @@ class HyperparamSpace:
     @classmethod
     def from_config(cls, search: dict, trainer_fields: list[str]):
         if not search:
-            raise ValueError("component.search: empty; allowed: a mapping of hyperparameter -> {low, high, log}")
+            raise ValueError("search: empty; allowed: a mapping of hyperparameter -> {low, high, log}")
         names, lows, highs, logs = [], [], [], []
         for name, spec in search.items():
-            path = f"component.search.{name}"
+            path = f"search.{name}"
             if name not in trainer_fields:
                 raise ValueError(f"{path}: not a hyperparameter of the trainer; allowed: {', '.join(trainer_fields)}")
             if not isinstance(spec, dict) or "low" not in spec or "high" not in spec:
@@ -71,7 +71,7 @@ class HyperparamSpace:
             v = float(values[name])
             u = math.log(v) if self.log[i] else v
             if not lo < u < hi:
-                raise ValueError(f"component.search.{name}: the starting value {v} lies outside "
+                raise ValueError(f"search.{name}: the starting value {v} lies outside "
                                   f"({self.low[i]}, {self.high[i]}); allowed: a range that contains it")
             p = (u - lo) / (hi - lo)
             out[name] = jnp.float32(math.log(p / (1 - p)))

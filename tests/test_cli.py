@@ -120,7 +120,7 @@ def test_component_and_strategy_of_your_own_by_target(tmp_path):
     (["experiment=dqn_hyperparams", "env=Pendulum-v1"], "env"),
     # Malformed overrides name themselves, with no internal prefix.
     (["experiment=value_loss", "es.popsize=[1,2"], "es.popsize"),
-    (["experiment=value_loss", "=4"], "overrides"),
+    (["experiment=value_loss", "=4"], "argument '=4'"),
     (["experiment=value_loss", "inner=[1]"], "inner"),  # Hydra's own error, without its `++` form
     (["experiment=value_loss", "component._target_=no_such_module.Loss"], "component._target_"),
     ([*HUBER[:3], "component._target_=plugins.NotAComponent"], "component._target_"),
@@ -151,6 +151,25 @@ def test_bad_input_in_a_new_process_exits_2_with_one_line(tmp_path):
     proc = evolve(["experiment=value_loss", "es.popsize=7", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.startswith("error: es.popsize:"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and snapshot(tmp_path) == before
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("args, named, allowed", [
+    (["experiment=value_loss", "--popsize=4"], "argument '--popsize=4'", "es.popsize=4"),
+    (["experiment=value_loss", "=4"], "argument '=4'", "KEY=VALUE"),
+    (["experiment=value_loss", ""], "argument ''", "KEY=VALUE"),
+    (["resume={tmp}/run"], "resume: {tmp}/run/config.yaml", "empty; allowed: the config.yaml a run wrote"),
+])
+def test_a_mistyped_argument_is_one_line_naming_it_as_typed(tmp_path, args, named, allowed):
+    # What a new user might type: a flag for an override, no key, an empty argument, a run whose
+    # config.yaml is empty; each one line naming the argument and what is allowed, not Hydra's usage.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    proc = evolve(args, cwd=tmp_path, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {named.replace('{tmp}', str(tmp_path))}:") and allowed in lines[0], lines[0]
 
 
 def test_help_exits_0():

@@ -14,7 +14,7 @@ from test_inspect import check_image
 
 from metarl import distill, evaluate, results
 from metarl.inner_loops import plugins
-from metarl.config import ConfigError
+from metarl.config import ConfigError, layer_errors
 from metarl.run import check
 from metarl.rundir import DISTILL, FIGURES
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, VALUE_LOSS_INPUTS, FormulaDrift,
@@ -87,9 +87,8 @@ def test_formula_components_gradients_equal_the_hand_written_ones():
 @pytest.mark.parametrize("expression, words", [("foo(error)", "unknown function foo"),
                                                ("error + x", "unknown variable x"), ("error +", "not a formula")])
 def test_a_bad_formula_names_the_field(expression, words):
-    with pytest.raises(ConfigError, match=f"^component.expression: .*{words}"):
-        plugins.instantiate(KINDS["value_loss"].formula, {"expression": expression},
-                            "component._target_", "component.")
+    with pytest.raises(ConfigError, match=f"^component.expression: .*{words}"), layer_errors("component"):
+        plugins.instantiate(KINDS["value_loss"].formula, {"expression": expression})
     with pytest.raises(ValueError, match="allowed: a formula of ratio, advantage"):
         parse_formula("error", DRIFT_INPUTS)
 
@@ -106,8 +105,7 @@ def test_cli_front_figure_and_evaluate_with_the_formula(run, capsys):
     for f in front:
         assert f"{f['k']:>3} {f['size']:>5}" in out and f["expression"] in out
         assert f["component"]["_target_"] == KINDS["value_loss"].formula
-        plugins.instantiate(f["component"]["_target_"], {"expression": f["component"]["expression"]},
-                            "component._target_", "component.")
+        plugins.instantiate(f["component"]["_target_"], {"expression": f["component"]["expression"]})
     # Temporal: three rows (0%, 50%, 100% of training) of loss and gradient.
     check_image(run / FIGURES / distill.FIGURE, (1100, 1200))
 

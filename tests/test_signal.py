@@ -10,7 +10,7 @@ import pytest
 from clihelp import TINY, evolve
 
 from metarl import inspect
-from metarl.config import ConfigError, load, search_differences
+from metarl.config import ConfigError, layer_path, load, search_differences
 from metarl.outer_loops.evolution import (CONTROL_FIELDS, SIGNAL_FIELDS, ESConfig, Evolution, signal_stats,
                                           update_signal)
 from metarl.outer_loops.evolution import NOISE_THRESHOLD, noise_warning
@@ -136,8 +136,10 @@ def test_noise_warning_once_after_the_first_generations():
     assert noise_warning(low[:2]) is None
     warning = noise_warning(low[:3])
     assert warning.startswith("warning: the search is noise-dominated") and "\n" not in warning
-    for lever in ("fitness.num_seeds", "es.std_init", "es.popsize"):
-        assert lever in warning
+    assert all(f" {lever} (" in warning for lever in ("num_seeds", "std_init", "popsize"))
+    # The harness names the levers as the config does.
+    warning = noise_warning(low[:3], name=lambda lever: layer_path("evolution", lever))
+    assert all(f" {lever} (" in warning for lever in ("fitness.num_seeds", "es.std_init", "es.popsize"))
     assert noise_warning(low) is None  # said once, at generation 3
     assert noise_warning([*low[:2], {"generation": 3, "signal": NOISE_THRESHOLD}]) is None
     assert noise_warning([{"generation": g, "signal": None} for g in (1, 2, 3)]) is None  # one seed

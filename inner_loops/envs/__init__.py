@@ -20,7 +20,6 @@ from typing import Any, Callable
 import jax
 
 from metarl.inner_loops import plugins
-from metarl.inner_loops.plugins import ConfigError
 
 _REGISTRY: dict[str, str | Callable[..., Any]] = {}
 _BUILT: dict = {}
@@ -57,7 +56,7 @@ def from_config(value: Any, field: str) -> tuple[str, tuple | None]:
         args = tuple(sorted((k, _frozen(v)) for k, v in value.items() if k != plugins.TARGET))
         value, field = value.get(plugins.TARGET), f"{field}.{plugins.TARGET}"
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{field}: {value!r}; allowed: an environment name (gymnax id, GridWorld, Doors, "
+        raise ValueError(f"{field}: {value!r}; allowed: an environment name (gymnax id, GridWorld, Doors, "
                           "module:NAME) or {_target_: NAME or dotted.path.Class, ...its arguments}")
     return value, args
 
@@ -79,7 +78,7 @@ def make(name: str, **kwargs) -> tuple[Any, Any]:
 
 def build(name: str, kwargs: Any = (), field: str = "env") -> tuple[Any, Any]:
     """``(env, env_params)`` of environment ``name`` with arguments ``kwargs`` (a mapping or pairs),
-    built once per process; a one-line ConfigError names ``field`` (where ``name`` was set) or, for
+    built once per process; a one-line ValueError names ``field`` (where ``name`` was set) or, for
     an argument, ``env.ARG`` (``tasks[1].env.ARG``)."""
     kwargs = dict(kwargs)
     try:
@@ -94,13 +93,13 @@ def build(name: str, kwargs: Any = (), field: str = "env") -> tuple[Any, Any]:
         try:  # its import registers `name`
             importlib.import_module(module)
         except Exception as err:
-            raise ConfigError(f"{field}: {full!r} cannot be imported ({type(err).__name__}: {err}); allowed: "
+            raise ValueError(f"{field}: {full!r} cannot be imported ({type(err).__name__}: {err}); allowed: "
                               "module:NAME, the module importable (on the module path) and registering NAME") from None
     target = _REGISTRY.get(name) or (name if "." in name else None)
     if target is None and name in _gymnax().registered_envs:
         target = functools.partial(_gymnax().make, name)
     if target is None:
-        raise ConfigError(f"{field}: unknown environment {full!r}; allowed: {', '.join(available())}, "
+        raise ValueError(f"{field}: unknown environment {full!r}; allowed: {', '.join(available())}, "
                           "or the dotted path of a gymnax environment class of your own")
     # Built eagerly even when called under a transformation (make_train inside jit or vmap), so that
     # the cached parameters are arrays, never a trace's tracers.
@@ -111,11 +110,11 @@ def build(name: str, kwargs: Any = (), field: str = "env") -> tuple[Any, Any]:
             try:
                 built = target(**kwargs)
             except (TypeError, ValueError) as err:
-                raise ConfigError(f"{field}: {full} failed to build ({type(err).__name__}: {err})") from None
+                raise ValueError(f"{field}: {full} failed to build ({type(err).__name__}: {err})") from None
     env, params = built if isinstance(built, tuple) else (built, getattr(built, "default_params", None))
     missing = [m for m in INTERFACE if not callable(getattr(env, m, None))] + ["default_params"] * (params is None)
     if missing:
-        raise ConfigError(f"{field}: {name} builds a {type(env).__name__} without {', '.join(missing)}; allowed: "
+        raise ValueError(f"{field}: {name} builds a {type(env).__name__} without {', '.join(missing)}; allowed: "
                           "a gymnax Environment (reset_env, step_env, is_truncated, observation_space, "
                           "action_space, default_params)")
     if key is not None:
