@@ -165,6 +165,17 @@ def check_arguments(argv: list[str]) -> None:
         elif not key.lstrip("+~"):
             fail(f"argument {arg!r}: {'empty' if not arg else 'no key'}; allowed: an override KEY=VALUE, such "
                  "as es.popsize=4")
+        elif key.lstrip("+~") == "experiment" and not isinstance(_parsed(arg), str | None):  # experiment=4
+            fail(f"argument {arg!r}: not the name of an experiment; allowed: experiment=NAME with NAME one of "
+                 f"{', '.join(config_lib.experiment_names())} (or --config-dir DIR for your own)")
+
+
+def _parsed(override: str):
+    """The value Hydra's grammar reads in ``override`` (None if it cannot read it: Hydra says so)."""
+    try:
+        return OverridesParser.create().parse_overrides([override])[0].value()
+    except HydraException:
+        return None
 
 
 def main(argv: Optional[list[str]] = None) -> int:

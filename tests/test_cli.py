@@ -158,6 +158,7 @@ def test_bad_input_in_a_new_process_exits_2_with_one_line(tmp_path):
     (["experiment=value_loss", "--popsize=4"], "argument '--popsize=4'", "es.popsize=4"),
     (["experiment=value_loss", "=4"], "argument '=4'", "KEY=VALUE"),
     (["experiment=value_loss", ""], "argument ''", "KEY=VALUE"),
+    (["experiment=4"], "argument 'experiment=4'", "experiment=NAME with NAME one of adaptive_schedule"),
     (["resume={tmp}/run"], "resume: {tmp}/run/config.yaml", "empty; allowed: the config.yaml a run wrote"),
 ])
 def test_a_mistyped_argument_is_one_line_naming_it_as_typed(tmp_path, args, named, allowed):
