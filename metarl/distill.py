@@ -58,8 +58,7 @@ class Problem:
 
 
 def problem_for(task) -> Problem:
-    comp = task.component
-    temporal = getattr(comp, "temporal", False)
+    comp, temporal = task.component, getattr(task.component, "temporal", False)
     if task.kind is kinds.VALUE_LOSS:
         # The shipped MLP names its inputs; a component of your own is read over the error (as inspect draws it).
         own = tuple(getattr(comp, "inputs", ("error",)))
@@ -76,10 +75,9 @@ def function_at(kind, comp, meta, points: dict, config, learned_part: bool = Fal
     """What a formula stands for, at ``points`` ({input: array}): a value loss's loss, else the drift
     r A - objective, or with ``learned_part`` LPO's learned part where the drift has one (what is fitted)."""
     progress = Progress(points["progress"], points["log_updates"]) if getattr(comp, "temporal", False) else None
-    if kind is kinds.VALUE_LOSS:
-        target = points["target"]
-        return apply_component(comp, progress, meta, target + points["error"], target + points["old_error"], target,
-                               config)
+    if kind is kinds.VALUE_LOSS:  # the value and the old one from their errors
+        t = points["target"]
+        return apply_component(comp, progress, meta, t + points["error"], t + points["old_error"], t, config)
     r, a = points["ratio"], points["advantage"]
     if learned_part and hasattr(comp, "learned_part"):
         return comp.learned_part(meta, r, a, progress)
@@ -142,14 +140,12 @@ def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> t
         elif np.ptp(visited[name]) == 0:  # one horizon; a ratio of 1 throughout with one epoch
             problem.fixed[name] = float(visited[name][0])
         else:
-            low, high = np.quantile(visited[name], QUANTILES)
-            ranges[name] = [float(low), float(high)]
+            ranges[name] = [float(q) for q in np.quantile(visited[name], QUANTILES)]
     problem.variables = tuple(n for n in problem.variables if n not in problem.fixed)
     inside = [(visited[name] >= low) & (visited[name] <= high) for name, (low, high) in ranges.items()]
     rows = rng.choice(np.flatnonzero(np.all(inside, axis=0)), samples // 2)
-    points = {name: np.concatenate([visited[name][rows], rng.uniform(*ranges[name], samples - len(rows))])
-              if name in ranges else np.full(samples, problem.fixed.get(name, 0.0)) for name in problem.inputs}
-    return points, ranges
+    return {name: np.concatenate([visited[name][rows], rng.uniform(*ranges[name], samples - len(rows))])
+            if name in ranges else np.full(samples, problem.fixed.get(name, 0.0)) for name in problem.inputs}, ranges
 
 
 # --- the formulas --------------------------------------------------------------------------------------
@@ -204,20 +200,11 @@ def size(expr) -> int:
     return sum(1 for _ in sympy.preorder_traversal(expr))
 
 
-def pareto_front(candidates: list[dict]) -> list[dict]:
-    """The candidates no other is at least as small and as accurate as (strictly one of them), by size."""
-    front = []
-    for c in sorted(candidates, key=lambda c: (c["size"], c["nmse"])):
-        if not front or c["nmse"] < front[-1]["nmse"]:
-            front.append(c)
-    return front
-
-
 def score(problem: Problem, expression: str, points: dict, y: np.ndarray) -> dict:
     """The rounded formula as the formula component computes it, against the learned function."""
     names, fn = formula_function(parse_formula(expression, problem.inputs))
-    with warnings.catch_warnings():  # a number beyond float32 becomes inf, and the formula is dropped
-        warnings.simplefilter("ignore", RuntimeWarning)
+    # a number beyond float32 becomes inf, and the formula is dropped
+    with warnings.catch_warnings(action="ignore", category=RuntimeWarning):
         f = np.broadcast_to(np.asarray(fn(*(points[n].astype(np.float32) for n in names)), np.float64), y.shape)
     mse = float(np.mean((f - y) ** 2))
     return {"mse": mse, "nmse": mse / max(float(np.var(y)), 1e-12)}
@@ -247,8 +234,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     search_s = time.perf_counter() - t
     scale = float(np.std(y)) or 1.0
     exprs = {}  # by their text: the first of those that read the same
-    for text in found:
-        expr = readable(text, problem.variables, scale)
+    for expr in (readable(text, problem.variables, scale) for text in found):
         exprs.setdefault(sympy.sstr(expr, full_prec=False), expr)
     # Each with the config of its formula component (component.*): kind, _target_ and its arguments.
     candidates = [{"size": size(expr), **score(problem, expression, points, y), "expression": expression,
@@ -256,9 +242,10 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
                    "component": {"kind": task.kind.name, "_target_": task.kind.formula,
                                  "expression": expression, **problem.component_args}}
                   for expression, expr in exprs.items()]
-    front = pareto_front([c for c in candidates if np.isfinite(c["nmse"])])
-    for k, entry in enumerate(front):
-        entry["k"] = k
+    front = []  # those no other is at least as small and as accurate as (strictly one of them), by size
+    for c in sorted((c for c in candidates if np.isfinite(c["nmse"])), key=lambda c: (c["size"], c["nmse"])):
+        if not front or c["nmse"] < front[-1]["nmse"]:
+            front.append({**c, "k": len(front)})
     report = {
         "kind": task.kind.name, "component": type(task.component).__name__, "fitted": problem.fitted,
         "variables": list(problem.variables), "fixed": problem.fixed, "ranges": ranges,
@@ -343,21 +330,18 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
         advantages = [round(float(q), 2) for q in np.quantile(visited["advantage"], (0.9, 0.1))]
         panels = [(f"drift at advantage {a:g}", "drift", {"advantage": a}, lambda y, g: y) for a in advantages]
     # The sides: learned, the smallest, the suggested and the most accurate formula, and the baseline.
-    sides = [("learned", task.component, meta, "learned")]
-    sides += [(f"formula {e['k']} (size {e['size']}, NMSE {e['nmse']:.2g})"
-               + (f": {plots.math_label(e['latex'])}" if plots.math_label(e["latex"]) else ""),
-               task.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
-              for e in (front[k] for k in sorted({0, report["suggested"], len(front) - 1}))]
-    sides.append((*baseline, {}, "baseline"))
+    sides = [("learned", task.component, meta, "learned"),
+             *[(f"formula {e['k']} (size {e['size']}, NMSE {e['nmse']:.2g})"
+                + (f": {plots.math_label(e['latex'])}" if plots.math_label(e["latex"]) else ""),
+                task.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
+               for e in (front[k] for k in sorted({0, report["suggested"], len(front) - 1}))],
+             (*baseline, {}, "baseline")]
 
     def values(comp, m, pts):
-        """``(value, gradient w.r.t. the prediction or None)`` of one side."""
-        y = function_at(task.kind, comp, m, pts, config)
-        if not value_loss:
-            return y, None
-        # elementwise: each sample's own gradient (the prediction moves with the error)
-        return y, jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())(
-            pts["error"])
+        """A side's value and, for a value loss, its gradient w.r.t. the prediction: elementwise, each
+        sample's own (the prediction moves with the error)."""
+        grad = jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())
+        return function_at(task.kind, comp, m, pts, config), grad(pts["error"]) if value_loss else None
 
     fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]  # each compiled once
 
@@ -408,13 +392,13 @@ def format_report(report: dict) -> str:
 
 def load_formula(run_dir: Path, k: int) -> dict:
     """Entry ``k`` of the run's distilled front; a bad ``k`` or none: ``ConfigError``."""
-    report = rundir.RunDir(run_dir).distill()
+    report, path = rundir.RunDir(run_dir).distill(), Path(run_dir) / rundir.DISTILL
     if report is None:
-        raise ConfigError(f"distilled: {Path(run_dir) / rundir.DISTILL} does not exist; allowed: after "
+        raise ConfigError(f"distilled: {path} does not exist; allowed: after "
                           f"`python -m metarl.distill run_dir={run_dir}`")
     front = report["front"]
     if not 0 <= k < len(front):
-        raise ConfigError(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {Path(run_dir) / rundir.DISTILL})")
+        raise ConfigError(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {path})")
     return front[k]
 
 
