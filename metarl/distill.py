@@ -122,9 +122,8 @@ def visited_inputs(task, meta, seed: int) -> dict:
     # The recorded columns: the component's arrays, then the progress of a temporal one.
     named = dict(zip((("value", "old_value", "target") if value_loss else ("ratio", "advantage")) + TEMPORAL_INPUTS,
                      np.concatenate(rows).T))
-    if value_loss:
-        target = named["target"]
-        named["error"], named["old_error"] = named.pop("value") - target, named.pop("old_value") - target
+    if value_loss:  # the formulas read errors (prediction - target), as components.VALUE_LOSS_INPUTS
+        named["error"], named["old_error"] = (named.pop(k) - named["target"] for k in ("value", "old_value"))
     return named
 
 
@@ -171,7 +170,6 @@ def readable(text: str, variables: tuple, scale: float):
     such as tanh) simplified. The centres go back in after rounding, so that ``c (ratio - 1)`` keeps
     both of its numbers equal."""
     import sympy
-    from sympy.parsing.sympy_parser import convert_xor, parse_expr, standard_transformations
 
     def rounded(form):
         digits = {f: float(f"{float(f):.4g}") for f in form.atoms(sympy.Float)}
@@ -182,8 +180,8 @@ def readable(text: str, variables: tuple, scale: float):
         return sympy.Add(*[a for a in form.args if not (a.is_Number and abs(float(a)) < 1e-3 * scale)])
 
     columns = [sympy.Symbol(f"x{i}", real=True) for i in range(len(variables))]
-    expr = parse_expr(text, local_dict={**{str(c): c for c in columns}, "abs": sympy.Abs, "square": lambda a: a**2},
-                      transformations=standard_transformations + (convert_xor,))
+    # sympify reads pyoperon's ^ as a power
+    expr = sympy.sympify(text, locals={**{str(c): c for c in columns}, "abs": sympy.Abs, "square": lambda a: a**2})
     forms = [expr, sympy.expand(expr), sympy.factor_terms(expr)]
     if not expr.atoms(sympy.Function):  # sympy's simplify spends minutes on nested tanh and exp
         forms.append(sympy.simplify(expr))
@@ -285,8 +283,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
         meta, info = run.read_best(task.template)
     else:
         with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as ckpt:
-            steps = sorted(ckpt.manager.all_steps())
-            if generation not in steps:
+            if generation not in (steps := sorted(ckpt.manager.all_steps())):
                 raise ConfigError(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
                                   + "".join(f", {s}" for s in steps))
             _, evo = build_evolution(cfg, task=task, mesh=None)
