@@ -87,32 +87,30 @@ def function_at(kind, comp, meta, points: dict, config, learned_part: bool = Fal
 # --- the range training visits ---------------------------------------------------------------------------
 
 class _Recording:
-    """The learned component unchanged, reporting the arrays it is applied to (and the progress) to ``sink``."""
+    """The learned component unchanged, keeping the arrays it is applied to (and the progress) in ``rows``."""
 
-    def __init__(self, inner, sink):
-        self.inner, self.sink, self.init = inner, sink, inner.init
+    def __init__(self, inner):
+        self.inner, self.init, self.rows = inner, inner.init, []
         self.temporal = getattr(inner, "temporal", False)
 
     def apply(self, meta_params, *args, progress=None):
         arrays = [a for a in args if isinstance(a, jax.Array)]  # the config is no array
         extra = [progress.fraction, progress.log_updates] if progress is not None else []
-        jax.debug.callback(self.sink, *arrays, *extra)
+        jax.debug.callback(self.record, *arrays, *extra)
         return apply_component(self.inner, progress, meta_params, *args)
+
+    def record(self, *xs):
+        xs = [np.asarray(x, np.float64) for x in xs]
+        n = xs[0].size
+        idx = np.arange(0, n, max(1, n // 256))  # about 256 per minibatch (evenly strided), to bound memory
+        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
+        self.rows.append(np.stack(cols, axis=1))
 
 
 def visited_inputs(task, meta, seed: int) -> dict:
     """Each input's values at the seam over one training per task with the learned component:
     {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
-    rows = []
-
-    def sink(*xs):
-        xs = [np.asarray(x, np.float64) for x in xs]
-        n = xs[0].size
-        idx = np.arange(0, n, max(1, n // 256))  # about 256 per minibatch (evenly strided), to bound memory
-        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
-        rows.append(np.stack(cols, axis=1))
-
-    recorder = _Recording(task.component, sink)
+    recorder = _Recording(task.component)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
         args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind.seam: meta})
@@ -121,7 +119,7 @@ def visited_inputs(task, meta, seed: int) -> dict:
     value_loss = task.kind is kinds.VALUE_LOSS
     # The recorded columns: the component's arrays, then the progress of a temporal one.
     named = dict(zip((("value", "old_value", "target") if value_loss else ("ratio", "advantage")) + TEMPORAL_INPUTS,
-                     np.concatenate(rows).T))
+                     np.concatenate(recorder.rows).T))
     if value_loss:  # the formulas read errors (prediction - target), as components.VALUE_LOSS_INPUTS
         named["error"], named["old_error"] = (named.pop(k) - named["target"] for k in ("value", "old_value"))
     return named
