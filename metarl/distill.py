@@ -24,7 +24,6 @@ import numpy as np
 
 from metarl import compilation, kinds, results, rundir
 from metarl.cli import check_run_to_read, run_command
-from metarl.rundir import DISTILL, RunDir
 from metarl.config import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
                                            VALUE_LOSS_INPUTS, Progress, apply_component, formula_function,
@@ -33,9 +32,7 @@ from metarl.progress import progress
 
 FIGURE = "distill.png"
 QUANTILES = (0.005, 0.995)
-SIGNIFICANT_DIGITS = 4
 SUGGESTED_NMSE = 0.01     # the suggested formula: the smallest that leaves at most 1% of the variance
-MAX_PER_CALL = 256        # recorded inputs per minibatch at most (evenly strided), to bound memory
 # The search's building blocks: smooth ones like the learned networks' tanh, and abs, so that a
 # formula never divides by zero or takes the log of a negative number between the sampled points.
 OPERATORS = "add,sub,mul,square,tanh,abs,exp,constant,variable"
@@ -61,8 +58,7 @@ class Problem:
 
 
 def problem_for(task) -> Problem:
-    comp = task.component
-    temporal = getattr(comp, "temporal", False)
+    comp, temporal = task.component, getattr(task.component, "temporal", False)
     if task.kind is kinds.VALUE_LOSS:
         # The shipped MLP names its inputs; a component of your own is read over the error (as inspect draws it).
         own = tuple(getattr(comp, "inputs", ("error",)))
@@ -79,10 +75,9 @@ def function_at(kind, comp, meta, points: dict, config, learned_part: bool = Fal
     """What a formula stands for, at ``points`` ({input: array}): a value loss's loss, else the drift
     r A - objective, or with ``learned_part`` LPO's learned part where the drift has one (what is fitted)."""
     progress = Progress(points["progress"], points["log_updates"]) if getattr(comp, "temporal", False) else None
-    if kind is kinds.VALUE_LOSS:
-        target = points["target"]
-        return apply_component(comp, progress, meta, target + points["error"], target + points["old_error"], target,
-                               config)
+    if kind is kinds.VALUE_LOSS:  # the value and the old one from their errors
+        t = points["target"]
+        return apply_component(comp, progress, meta, t + points["error"], t + points["old_error"], t, config)
     r, a = points["ratio"], points["advantage"]
     if learned_part and hasattr(comp, "learned_part"):
         return comp.learned_part(meta, r, a, progress)
@@ -92,32 +87,30 @@ def function_at(kind, comp, meta, points: dict, config, learned_part: bool = Fal
 # --- the range training visits ---------------------------------------------------------------------------
 
 class _Recording:
-    """The learned component unchanged, reporting the arrays it is applied to (and the progress) to ``sink``."""
+    """The learned component unchanged, keeping the arrays it is applied to (and the progress) in ``rows``."""
 
-    def __init__(self, inner, sink):
-        self.inner, self.sink, self.init = inner, sink, inner.init
+    def __init__(self, inner):
+        self.inner, self.init, self.rows = inner, inner.init, []
         self.temporal = getattr(inner, "temporal", False)
 
     def apply(self, meta_params, *args, progress=None):
         arrays = [a for a in args if isinstance(a, jax.Array)]  # the config is no array
         extra = [progress.fraction, progress.log_updates] if progress is not None else []
-        jax.debug.callback(self.sink, *arrays, *extra)
+        jax.debug.callback(self.record, *arrays, *extra)
         return apply_component(self.inner, progress, meta_params, *args)
+
+    def record(self, *xs):
+        xs = [np.asarray(x, np.float64) for x in xs]
+        n = xs[0].size
+        idx = np.arange(0, n, max(1, n // 256))  # about 256 per minibatch (evenly strided), to bound memory
+        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
+        self.rows.append(np.stack(cols, axis=1))
 
 
 def visited_inputs(task, meta, seed: int) -> dict:
     """Each input's values at the seam over one training per task with the learned component:
     {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
-    rows = []
-
-    def sink(*xs):
-        xs = [np.asarray(x, np.float64) for x in xs]
-        n = xs[0].size
-        idx = np.arange(0, n, max(1, n // MAX_PER_CALL))
-        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
-        rows.append(np.stack(cols, axis=1))
-
-    recorder = _Recording(task.component, sink)
+    recorder = _Recording(task.component)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
         args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind.seam: meta})
@@ -126,10 +119,9 @@ def visited_inputs(task, meta, seed: int) -> dict:
     value_loss = task.kind is kinds.VALUE_LOSS
     # The recorded columns: the component's arrays, then the progress of a temporal one.
     named = dict(zip((("value", "old_value", "target") if value_loss else ("ratio", "advantage")) + TEMPORAL_INPUTS,
-                     np.concatenate(rows).T))
-    if value_loss:
-        target = named["target"]
-        named["error"], named["old_error"] = named.pop("value") - target, named.pop("old_value") - target
+                     np.concatenate(recorder.rows).T))
+    if value_loss:  # the formulas read errors (prediction - target), as components.VALUE_LOSS_INPUTS
+        named["error"], named["old_error"] = (named.pop(k) - named["target"] for k in ("value", "old_value"))
     return named
 
 
@@ -145,16 +137,12 @@ def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> t
         elif np.ptp(visited[name]) == 0:  # one horizon; a ratio of 1 throughout with one epoch
             problem.fixed[name] = float(visited[name][0])
         else:
-            low, high = np.quantile(visited[name], QUANTILES)
-            ranges[name] = [float(low), float(high)]
+            ranges[name] = [float(q) for q in np.quantile(visited[name], QUANTILES)]
     problem.variables = tuple(n for n in problem.variables if n not in problem.fixed)
-    inside = np.ones(len(next(iter(visited.values()))), bool)
-    for name, (low, high) in ranges.items():
-        inside &= (visited[name] >= low) & (visited[name] <= high)
-    rows = rng.choice(np.flatnonzero(inside), samples // 2)
-    points = {name: np.concatenate([visited[name][rows], rng.uniform(*ranges[name], samples - len(rows))])
-              if name in ranges else np.full(samples, problem.fixed.get(name, 0.0)) for name in problem.inputs}
-    return points, ranges
+    inside = [(visited[name] >= low) & (visited[name] <= high) for name, (low, high) in ranges.items()]
+    rows = rng.choice(np.flatnonzero(np.all(inside, axis=0)), samples // 2)
+    return {name: np.concatenate([visited[name][rows], rng.uniform(*ranges[name], samples - len(rows))])
+            if name in ranges else np.full(samples, problem.fixed.get(name, 0.0)) for name in problem.inputs}, ranges
 
 
 # --- the formulas --------------------------------------------------------------------------------------
@@ -169,8 +157,8 @@ def search(X: np.ndarray, y: np.ndarray, max_size: int, evaluations: int, seed: 
                             population_size=500, generations=10_000, max_evaluations=evaluations,
                             optimizer_iterations=10, n_threads=1, random_state=seed)
     reg.fit(np.array(X, np.float32), np.array(y, np.float32))  # writable copies of one dtype, as its C++ side needs
-    names = [f"x{i}" for i in range(X.shape[1])]
-    return [reg.get_model_string(m["tree"], precision=12, names=names) for m in reg.pareto_front_]
+    return [reg.get_model_string(m["tree"], precision=12, names=[f"x{i}" for i in range(X.shape[1])])
+            for m in reg.pareto_front_]
 
 
 def readable(text: str, variables: tuple, scale: float):
@@ -180,15 +168,22 @@ def readable(text: str, variables: tuple, scale: float):
     such as tanh) simplified. The centres go back in after rounding, so that ``c (ratio - 1)`` keeps
     both of its numbers equal."""
     import sympy
-    from sympy.parsing.sympy_parser import convert_xor, parse_expr, standard_transformations
+
+    def rounded(form):
+        digits = {f: float(f"{float(f):.4g}") for f in form.atoms(sympy.Float)}
+        form = form.xreplace({f: sympy.Integer(int(d)) if d == int(d) and abs(d) < 1e4 else sympy.Float(d)
+                              for f, d in digits.items()})
+        if not isinstance(form, sympy.Add):
+            return form
+        return sympy.Add(*[a for a in form.args if not (a.is_Number and abs(float(a)) < 1e-3 * scale)])
 
     columns = [sympy.Symbol(f"x{i}", real=True) for i in range(len(variables))]
-    expr = parse_expr(text, local_dict={**{str(c): c for c in columns}, "abs": sympy.Abs, "square": lambda a: a**2},
-                      transformations=standard_transformations + (convert_xor,))
+    # sympify reads pyoperon's ^ as a power
+    expr = sympy.sympify(text, locals={**{str(c): c for c in columns}, "abs": sympy.Abs, "square": lambda a: a**2})
     forms = [expr, sympy.expand(expr), sympy.factor_terms(expr)]
     if not expr.atoms(sympy.Function):  # sympy's simplify spends minutes on nested tanh and exp
         forms.append(sympy.simplify(expr))
-    forms = [_rounded(f, scale) for f in forms]
+    forms = [rounded(f) for f in forms]
     inputs = {c: sympy.Symbol(n, real=True) - CENTRES.get(n, 0) for c, n in zip(columns, variables)}
     # c (ratio - 1) stays as it is, not c ratio - c merged with other numbers
     with sympy.evaluate(not any(n in CENTRES for n in variables)):
@@ -196,39 +191,16 @@ def readable(text: str, variables: tuple, scale: float):
     return min(forms, key=size)
 
 
-def _rounded(expr, scale: float):
-    import sympy
-
-    def digits(x: float):
-        r = float(f"{x:.{SIGNIFICANT_DIGITS}g}")
-        return sympy.Integer(int(r)) if r == int(r) and abs(r) < 1e4 else sympy.Float(r)
-
-    expr = expr.xreplace({f: digits(float(f)) for f in expr.atoms(sympy.Float)})
-    if isinstance(expr, sympy.Add):
-        expr = sympy.Add(*[a for a in expr.args if not (a.is_Number and abs(float(a)) < 1e-3 * scale)])
-    return expr
-
-
 def size(expr) -> int:
     import sympy
-
     return sum(1 for _ in sympy.preorder_traversal(expr))
-
-
-def pareto_front(candidates: list[dict]) -> list[dict]:
-    """The candidates no other is at least as small and as accurate as (strictly one of them), by size."""
-    front = []
-    for c in sorted(candidates, key=lambda c: (c["size"], c["nmse"])):
-        if not front or c["nmse"] < front[-1]["nmse"]:
-            front.append(c)
-    return front
 
 
 def score(problem: Problem, expression: str, points: dict, y: np.ndarray) -> dict:
     """The rounded formula as the formula component computes it, against the learned function."""
     names, fn = formula_function(parse_formula(expression, problem.inputs))
-    with warnings.catch_warnings():  # a number beyond float32 becomes inf, and the formula is dropped
-        warnings.simplefilter("ignore", RuntimeWarning)
+    # a number beyond float32 becomes inf, and the formula is dropped
+    with warnings.catch_warnings(action="ignore", category=RuntimeWarning):
         f = np.broadcast_to(np.asarray(fn(*(points[n].astype(np.float32) for n in names)), np.float64), y.shape)
     mse = float(np.mean((f - y) ** 2))
     return {"mse": mse, "nmse": mse / max(float(np.var(y)), 1e-12)}
@@ -258,8 +230,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     search_s = time.perf_counter() - t
     scale = float(np.std(y)) or 1.0
     exprs = {}  # by their text: the first of those that read the same
-    for text in found:
-        expr = readable(text, problem.variables, scale)
+    for expr in (readable(text, problem.variables, scale) for text in found):
         exprs.setdefault(sympy.sstr(expr, full_prec=False), expr)
     # Each with the config of its formula component (component.*): kind, _target_ and its arguments.
     candidates = [{"size": size(expr), **score(problem, expression, points, y), "expression": expression,
@@ -267,9 +238,10 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
                    "component": {"kind": task.kind.name, "_target_": task.kind.formula,
                                  "expression": expression, **problem.component_args}}
                   for expression, expr in exprs.items()]
-    front = pareto_front([c for c in candidates if np.isfinite(c["nmse"])])
-    for k, entry in enumerate(front):
-        entry["k"] = k
+    front = []  # those no other is at least as small and as accurate as (strictly one of them), by size
+    for c in sorted((c for c in candidates if np.isfinite(c["nmse"])), key=lambda c: (c["size"], c["nmse"])):
+        if not front or c["nmse"] < front[-1]["nmse"]:
+            front.append({**c, "k": len(front)})
     report = {
         "kind": task.kind.name, "component": type(task.component).__name__, "fitted": problem.fitted,
         "variables": list(problem.variables), "fixed": problem.fixed, "ranges": ranges,
@@ -299,19 +271,17 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
         if value < least:
             raise ConfigError(f"{name}: {value}; allowed: >= {least}")
     check_run_to_read(run_dir)
-    run_dir = Path(run_dir)
-    t = time.perf_counter()
+    run_dir, run, t = Path(run_dir), rundir.RunDir(run_dir), time.perf_counter()
     cfg, task = results.load_run(run_dir)
     if task.kind.formula is None:
         raise ConfigError(f"component.kind: {task.kind} in {run_dir}; allowed: "
                           f"{' or '.join(name for name, kind in kinds.KINDS.items() if kind.formula)} "
                           "(hyperparameters are numbers already: `python -m metarl.evaluate` reports them)")
     if generation == "best":
-        meta, info = RunDir(run_dir).read_best(task.template)
+        meta, info = run.read_best(task.template)
     else:
         with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as ckpt:
-            steps = sorted(ckpt.manager.all_steps())
-            if generation not in steps:
+            if generation not in (steps := sorted(ckpt.manager.all_steps())):
                 raise ConfigError(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
                                   + "".join(f", {s}" for s in steps))
             _, evo = build_evolution(cfg, task=task, mesh=None)
@@ -325,9 +295,8 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
         raise ConfigError(f"{run_dir}: {err}") from err
     report = {"run_dir": str(run_dir), "generation": info.get("generation"), "fitness": info.get("fitness"),
               "from": str(generation), **report}
-    fig = distill_figure(task, meta, problem, report, visited)
-    report["figure"] = str(plots.save(fig, RunDir(run_dir).figures / FIGURE))
-    report["json"] = str(RunDir(run_dir).distill.write(report))
+    report["figure"] = str(plots.save(distill_figure(task, meta, problem, report, visited), run.figures / FIGURE))
+    report["json"] = str(run.distill.write(report))
     report["seconds"] = round(time.perf_counter() - t, 2)
     return report
 
@@ -340,101 +309,91 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
     formulas and the baseline; a temporal component at 0%, 50% and 100% of training."""
     from metarl import plots
 
-    config, grid = task.inner_config, 201
-    value_loss = task.kind is kinds.VALUE_LOSS
+    config, value_loss, front = task.inner_config, task.kind is kinds.VALUE_LOSS, report["front"]
     x_name = "error" if value_loss else "ratio"
-    x = np.linspace(*report["ranges"][x_name], grid)
-    zero = int(np.argmin(np.abs(x)))
+    x = np.linspace(*report["ranges"][x_name], 201)
     # Inputs not drawn: fitted ones at their visited median, the rest at their one value (or 0).
     base = {n: float(np.median(visited[n])) if n in problem.variables else problem.fixed.get(n, 0.0)
             for n in problem.inputs}
-    front = report["front"]  # drawn: the smallest, the suggested and the most accurate formula
-    sides = [("learned", task.component, meta, "learned")]
-    sides += [(f"formula {e['k']} (size {e['size']}, NMSE {e['nmse']:.2g})"
-               + (f": {plots.math_label(e['latex'])}" if plots.math_label(e["latex"]) else ""),
-               task.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
-              for e in (front[k] for k in sorted({0, report["suggested"], len(front) - 1}))]
-    sides.append(("L2: 0.5 δ²", L2_VALUE_LOSS, {}, "baseline") if value_loss else
-                 (f"PPO (clip_eps={float(config.clip_eps):g})", CLIPPED_SURROGATE, {}, "baseline"))
+    # The panels of a row: (title, ylabel, further inputs drawn at, curve from a side's value y and gradient g).
+    if value_loss:
+        xlabel, baseline = "error δ = prediction - target", ("L2: 0.5 δ²", L2_VALUE_LOSS)
+        panels = [("loss - loss at error 0", "loss", {}, lambda y, g: y - y[np.argmin(np.abs(x))]),
+                  ("gradient w.r.t. the prediction", "d loss / d prediction", {}, lambda y, g: g)]
+    else:
+        xlabel, baseline = "ratio r = π / π_old", (f"PPO (clip_eps={float(config.clip_eps):g})", CLIPPED_SURROGATE)
+        advantages = [round(float(q), 2) for q in np.quantile(visited["advantage"], (0.9, 0.1))]
+        panels = [(f"drift at advantage {a:g}", "drift", {"advantage": a}, lambda y, g: y) for a in advantages]
+    # The sides: learned, the smallest, the suggested and the most accurate formula, and the baseline.
+    sides = [("learned", task.component, meta, "learned"),
+             *[(f"formula {e['k']} (size {e['size']}, NMSE {e['nmse']:.2g})"
+                + (f": {plots.math_label(e['latex'])}" if plots.math_label(e["latex"]) else ""),
+                task.kind.build({k: v for k, v in e["component"].items() if k != "kind"}, []), {}, "formula")
+               for e in (front[k] for k in sorted({0, report["suggested"], len(front) - 1}))],
+             (*baseline, {}, "baseline")]
 
     def values(comp, m, pts):
-        """``(value, gradient w.r.t. the prediction or None)`` of one side."""
-        y = function_at(task.kind, comp, m, pts, config)
-        if not value_loss:
-            return y, None
-        # elementwise: each sample's own gradient (the prediction moves with the error)
-        return y, jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())(
-            pts["error"])
+        """A side's value and, for a value loss, its gradient w.r.t. the prediction: elementwise, each
+        sample's own (the prediction moves with the error)."""
+        grad = jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())
+        return function_at(task.kind, comp, m, pts, config), grad(pts["error"]) if value_loss else None
 
     fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]  # each compiled once
 
-    def curves(**drawn):
-        """Per side: (label, value, gradient w.r.t. the prediction or None, style) over the grid."""
-        pts = {n: jnp.full(grid, v, jnp.float32) for n, v in {**base, **drawn}.items()}
-        return [(label, *jax.tree.map(np.asarray, fn(m, pts)), style) for fn, (label, _, m, style) in zip(fns, sides)]
+    def panel(title, ylabel, drawn, curve):
+        pts = {n: jnp.full(len(x), v, jnp.float32) for n, v in {**base, x_name: x, **drawn}.items()}
+        curves = [(label, curve(*jax.tree.map(np.asarray, fn(m, pts))), style)
+                  for fn, (label, _, m, style) in zip(fns, sides)]
+        return {"title": title, "ylabel": ylabel, "curves": curves}
 
-    rows = []
-    for fraction in ((0.0, 0.5, 1.0) if "progress" in problem.variables else (None,)):
-        when = "" if fraction is None else f", at {fraction:.0%} of training"
-        drawn = {} if fraction is None else {"progress": fraction}
-        if value_loss:
-            drawn_curves = curves(**drawn, error=x)
-            rows.append([{"title": "loss - loss at error 0" + when, "ylabel": "loss",
-                          "curves": [(label, y - y[zero], style) for label, y, _, style in drawn_curves]},
-                         {"title": "gradient w.r.t. the prediction" + when, "ylabel": "d loss / d prediction",
-                          "curves": [(label, g, style) for label, _, g, style in drawn_curves]}])
-        else:
-            advantages = [round(float(q), 2) for q in np.quantile(visited["advantage"], (0.9, 0.1))]
-            rows.append([{"title": f"drift at advantage {adv:g}" + when, "ylabel": "drift",
-                          "curves": [(label, y, style) for label, y, _, style in
-                                     curves(**drawn, ratio=x, advantage=adv)]}
-                         for adv in advantages])
+    moments = ({f", at {f:.0%} of training": {"progress": f} for f in (0.0, 0.5, 1.0)}
+               if "progress" in problem.variables else {"": {}})
+    rows = [[panel(title + when, ylabel, {**at, **drawn}, curve) for title, ylabel, drawn, curve in panels]
+            for when, at in moments.items()]
     held = [n for n in problem.variables if n not in (x_name, "progress")]
     note = (f"{report['component']} of {report['run_dir']} (generation {report['generation']}); fitted: "
             f"{problem.fitted} over {', '.join(problem.variables)}"
             + (f"; drawn with {', '.join(held)} at the visited median" if held else "")
             + "".join(f"; {n} = {v:.3g}" for n, v in problem.fixed.items()))
-    xlabel = "error δ = prediction - target" if value_loss else "ratio r = π / π_old"
     return plots.formula_figure(x, rows, xlabel, note)
 
 
 # --- the CLI -------------------------------------------------------------------------------------------
 
 def format_report(report: dict) -> str:
-    spec = report["front"][report["suggested"]]["component"]  # the suggested formula's, in code
+    r, search = report, report["search"]
+    spec = r["front"][r["suggested"]]["component"]  # the suggested formula's, in code
     module, _, name = spec["_target_"].rpartition(".")
     args = ", ".join(f"{k}={v!r}" for k, v in spec.items() if k not in ("kind", "_target_"))
-    lines = [f"distilled the learned {report['kind']} ({report['component']}) of {report['run_dir']}, "
-             f"generation {report['generation']} (fitness {report['fitness']:.4g})",
-             f"fitted: {report['fitted']} over " + ", ".join(
-                 f"{n} in [{lo:.3g}, {hi:.3g}]" for n, (lo, hi) in report["ranges"].items())
-             + "".join(f"; {n} = {v:.4g}" for n, v in report["fixed"].items()),
-             f"  {report['samples']} points: half from {report['recorded']} inputs recorded in training, half "
-             f"uniform over their {QUANTILES[0]:.1%}-{QUANTILES[1]:.1%} range",
-             f"search: {report['search']['library']}, {report['search']['evaluations']} evaluations, "
-             f"max_size {report['search']['max_size']}, seed {report['search']['seed']}: "
-             f"{report['search']['seconds']:.1f} s (recording the inputs: {report['recording_seconds']:.1f} s)", "",
-             f"{'K':>3} {'size':>5} {'NMSE':>10}  formula"]
-    for e in report["front"]:
-        mark = "*" if e["k"] == report["suggested"] else " "
-        lines.append(f"{e['k']:>3} {e['size']:>5} {e['nmse']:>10.3g}{mark} {e['expression']}")
-    lines += ["", f"* suggested: {report['suggested_rule']} (NMSE = mean squared error / variance of the learned "
-                  "function over the points)",
-              f"compare on fresh seeds: python -m metarl.evaluate run_dir={report['run_dir']} distilled={report['suggested']}",
-              f"in code: from {module} import {name}; {name}({args})",
-              f"wrote {report['json']}", f"wrote {report['figure']}"]
-    return "\n".join(lines)
+    row = "{:>3} {:>5} {:>10}{} {}".format  # the front's table: K, size, NMSE, * on the suggested one, formula
+    ranges = ", ".join(f"{n} in [{lo:.3g}, {hi:.3g}]" for n, (lo, hi) in r["ranges"].items())
+    return "\n".join([
+        f"distilled the learned {r['kind']} ({r['component']}) of {r['run_dir']}, generation {r['generation']} "
+        f"(fitness {r['fitness']:.4g})",
+        f"fitted: {r['fitted']} over {ranges}" + "".join(f"; {n} = {v:.4g}" for n, v in r["fixed"].items()),
+        f"  {r['samples']} points: half from {r['recorded']} inputs recorded in training, half uniform over their "
+        f"{QUANTILES[0]:.1%}-{QUANTILES[1]:.1%} range",
+        f"search: {search['library']}, {search['evaluations']} evaluations, max_size {search['max_size']}, seed "
+        f"{search['seed']}: {search['seconds']:.1f} s (recording the inputs: {r['recording_seconds']:.1f} s)", "",
+        row("K", "size", "NMSE", " ", "formula"),
+        *(row(e["k"], e["size"], f"{e['nmse']:.3g}", "*" if e["k"] == r["suggested"] else " ", e["expression"])
+          for e in r["front"]), "",
+        f"* suggested: {r['suggested_rule']} (NMSE = mean squared error / variance of the learned function over "
+        "the points)",
+        f"compare on fresh seeds: python -m metarl.evaluate run_dir={r['run_dir']} distilled={r['suggested']}",
+        f"in code: from {module} import {name}; {name}({args})",
+        f"wrote {r['json']}", f"wrote {r['figure']}"])
 
 
 def load_formula(run_dir: Path, k: int) -> dict:
     """Entry ``k`` of the run's distilled front; a bad ``k`` or none: ``ConfigError``."""
-    report = RunDir(run_dir).distill.read()
+    report, path = rundir.RunDir(run_dir).distill.read(), Path(run_dir) / rundir.DISTILL
     if report is None:
-        raise ConfigError(f"distilled: {Path(run_dir) / DISTILL} does not exist; allowed: after "
+        raise ConfigError(f"distilled: {path} does not exist; allowed: after "
                           f"`python -m metarl.distill run_dir={run_dir}`")
     front = report["front"]
     if not 0 <= k < len(front):
-        raise ConfigError(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {Path(run_dir) / DISTILL})")
+        raise ConfigError(f"distilled: {k}; allowed: 0 to {len(front) - 1} (the front in {path})")
     return front[k]
 
 
