@@ -13,8 +13,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
 from metarl import config as config_lib
+from metarl import errors
 from metarl.rundir import CheckpointError
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 from metarl.rundir import RunDir
 
 EXIT_BAD_INPUT = 2
@@ -47,7 +48,7 @@ def command_line(argv: list[str], function, usage: str) -> tuple[Path, dict]:
             try:
                 override = OverridesParser.create().parse_overrides([arg])[0]
             except HydraException as err:
-                raise config_lib.one_line(err) from None
+                raise errors.one_line(err) from None
             key = override.key_or_group
             if key not in keys or override.is_sweep_override() or override.is_delete():
                 raise ConfigError(f"argument {arg!r}: not a setting of this command; allowed: "

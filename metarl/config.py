@@ -4,16 +4,14 @@ says what is allowed (``ConfigError``); nothing is compiled before the config is
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 import os
-import re
 import time
 import typing
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
@@ -25,6 +23,7 @@ from pydantic import TypeAdapter
 from pydantic_core import SchemaValidator, ValidationError
 
 from metarl import experiments as _experiments_pkg
+from metarl.errors import ConfigError, one_line
 from metarl.outer_loops.es_config import ESConfig
 from metarl.inner_loops.config_checks import INT32_MAX
 
@@ -33,42 +32,6 @@ SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
 RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "fitness.validation_seeds", "checkpoint", "logger",
                     "devices")
-
-
-class ConfigError(ValueError):
-    """A bad setting; the message is one line naming the field."""
-
-
-# --- the lower layers' errors in the config's terms ----------------------------------------------
-# inner_loops and outer_loops name their own arguments ("popsize: 7 is odd; allowed: ..."); here are the
-# config's paths of them, by what the harness hands a layer: a prefix, or {argument: path, "*": prefix}.
-LAYER_PATHS = {"es": "es.", "component": "component.", "inner": "inner.", "kind": {"_target_": "component.kind"},
-               "evolution": {"num_seeds": "fitness.num_seeds", "*": "es."}}
-
-
-def layer_path(where: str | Callable[[str], str], key: str) -> str:
-    """A lower layer's argument ``key`` as the config names it: by ``LAYER_PATHS[where]``, or ``where(key)``."""
-    paths = where if callable(where) else LAYER_PATHS[where]
-    if callable(paths):
-        return paths(key)
-    paths = paths if isinstance(paths, dict) else {"*": paths}
-    return paths.get(key) or (paths.get("*", "") + key).rstrip(".") or "config"
-
-
-@contextlib.contextmanager
-def layer_errors(where: str | Callable[[str], str]):
-    """Where the harness calls into inner_loops or outer_loops: their ``ValueError``, which names their
-    argument first, becomes a ``ConfigError`` naming the config's path (``layer_path``)."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except ValueError as err:
-        line = (str(err).strip() or type(err).__name__).splitlines()[0]
-        key, colon, rest = line.partition(":")
-        if not colon or " " in key.strip():  # no argument named: the part of the config itself
-            key, rest = "", f" {line}"
-        raise ConfigError(f"{layer_path(where, key.strip())}:{rest}") from None
 
 
 # --- the schema ----------------------------------------------------------------------------------
@@ -340,34 +303,6 @@ def default_run_dir(experiment: str) -> Path:
 def experiment_names() -> list[str]:
     """The shipped experiments (``experiments/experiment/*.yaml``)."""
     return sorted(p.stem for p in (EXPERIMENTS_DIR / "experiment").glob("*.yaml"))
-
-
-def one_line(err: Exception) -> ConfigError:
-    """Hydra's or OmegaConf's error as one line naming the setting: OmegaConf's key, the override
-    Hydra names, or the experiment it could not find."""
-    first = (str(err).strip() or type(err).__name__).splitlines()[0].rstrip(".")
-    named = re.search(r"(?:override|argument) '?\+*([^'= ]+)=", first) or re.search(r"override '\+*([^']+)'", first)
-    key = (getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
-           or (named and named[1]) or getattr(err, "override", "").split("=", 1)[0].lstrip("+~") or None)
-    missing = re.search(r"Could not find '(.+)/[^/']+'", first)
-    if missing:  # a config group's option; Hydra lists the others on the lines that follow
-        listed = str(err).split("Available options", 1)[-1].split("Config search path", 1)[0]
-        options = [line.strip() for line in listed.splitlines() if line.startswith("\t")]
-        key, allowed = missing[1], ", ".join(options) + (" (or --config-dir DIR for your own)"
-                                                         if missing[1] == "experiment" else "")
-    elif "Additional config directory" in first:
-        key, allowed = "--config-dir", "a folder that holds your experiment/NAME.yaml files"
-    elif "Could not override" in first or "not in struct" in first:
-        allowed = "a key of the config (--help lists them)"
-    elif "Ambiguous value" in first:
-        first = "lists several values"
-        allowed = "one value, a list written [a,b], or -m to sweep over the values (one run each)"
-    elif key and str(key).startswith("hydra"):
-        allowed = "a key of Hydra's config (--cfg hydra shows them)"
-    else:
-        allowed = ("KEY=VALUE with VALUE a number, a word, true/false, null or a list such as [64,64] (quoted in "
-                   "the shell)")
-    return ConfigError(f"{key or 'overrides'}: {first}; allowed: {allowed}")
 
 
 def from_composed(composed) -> RunConfig:

@@ -24,7 +24,7 @@ import numpy as np
 
 from metarl import compilation, kinds, results, rundir
 from metarl.cli import check_run_to_read, run_command
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
                                            VALUE_LOSS_INPUTS, Progress, apply_component, formula_function,
                                            parse_formula)

@@ -23,7 +23,7 @@ from typing import Any, Optional
 import numpy as np
 
 from metarl.cli import check_run_to_read, run_command
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 from metarl.rundir import RunDir
 from metarl.stats import t_interval
 

@@ -25,8 +25,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import config as config_lib
+from metarl import errors
 from metarl.cli import _refuse_search_change, check_existing, fail
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 from metarl.rundir import RunDir
 from metarl.rundir import unique_dir
 
@@ -186,11 +187,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         app()  # a sweep ends with its exit code (RunHooks.on_multirun_end)
     except (ConfigError, HydraException, OmegaConfBaseException) as err:  # bad input: one line, exit code 2
-        fail(str(err) if isinstance(err, ConfigError) else str(config_lib.one_line(err)))
+        fail(str(err) if isinstance(err, ConfigError) else str(errors.one_line(err)))
     except ValueError as err:  # Hydra's reading of the command line; the task's own (a frame of app): a traceback
         if any(frame.f_code is app.__wrapped__.__code__ for frame, _ in traceback.walk_tb(err.__traceback__)):
             raise
-        fail(str(config_lib.one_line(err)))
+        fail(str(errors.one_line(err)))
     return 0
 
 

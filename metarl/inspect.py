@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from metarl.cli import run_command
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 
 
 def figures(run_dir: str | Path, error_range: float = 5.0) -> list[Path]:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from metarl.inner_loops import plugins
-from metarl.config import ConfigError, layer_errors
+from metarl.errors import ConfigError, layer_errors
 from metarl.inner_loops.config_checks import INT32_MAX
 from metarl.outer_loops.search_space import HyperparamSpace
 

@@ -18,7 +18,8 @@ from statistics import median_high
 from typing import Callable, Optional
 
 from metarl.rundir import FIGURES, METRICS, RunDir
-from metarl.config import ConfigError, LoggerSection, MlflowSection, WandbSection, flatten, show_value
+from metarl.config import LoggerSection, MlflowSection, WandbSection, flatten, show_value
+from metarl.errors import ConfigError
 
 def say(text: str, error: bool = False) -> None:
     """A line on the console. A console that has gone away (a closed terminal: EIO; a closed pipe:

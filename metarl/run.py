@@ -11,11 +11,12 @@ from typing import Any
 
 import jax
 
-from metarl import devices, rundir, stages
+from metarl import devices, errors, rundir, stages
 from metarl import config as config_lib
 from metarl.rundir import CheckpointError
 from metarl.cli import check_existing, fail
-from metarl.config import ConfigError, RunConfig
+from metarl.config import RunConfig
+from metarl.errors import ConfigError
 from metarl.logger import check_mlflow, say
 from metarl.rundir import RunDir
 from metarl.search import Interrupted, Restored, build_evolution, restore
@@ -68,7 +69,7 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
     check_mlflow(cfg.logger.mlflow)
     if setup_devices:
         devices.setup(cfg.devices)  # before any JAX computation
-    with config_lib.layer_errors("es"):
+    with errors.layer_errors("es"):
         cfg.es.validate()
     task = task or build_task(cfg)
     stages.check_tuning(cfg)

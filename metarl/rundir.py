@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from filelock import FileLock, Timeout
 
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 
 CONFIG, METRICS, REFERENCE, TUNED, VALIDATION = ("config.yaml", "metrics.jsonl", "reference.json", "tuned.json",
                                                  "validation.json")

@@ -15,7 +15,7 @@ import numpy as np
 
 from metarl import compilation, devices, rundir
 from metarl.cli import stop_signals_to
-from metarl import config as config_lib
+from metarl import errors
 from metarl.config import RunConfig
 from metarl.progress import progress
 from metarl.rundir import RunDir
@@ -62,7 +62,7 @@ def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", refere
     task = task or build_task(cfg)
     if mesh == "auto":
         mesh = devices.run_mesh(cfg)
-    with config_lib.layer_errors("evolution"):
+    with errors.layer_errors("evolution"):
         evo = Evolution(cfg.es, task.template, task.fitness_fn, num_seeds=cfg.fitness.num_seeds,
                         init_mean=task.init_mean, nonfinite_floor=cfg.fitness.nonfinite_floor, mesh=mesh,
                         describe_search=task.describe_search,
@@ -142,7 +142,7 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
             history.append(record)
             logger.log(record)
             warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations),
-                                    lambda name: config_lib.layer_path("evolution", name))
+                                    lambda name: errors.layer_path("evolution", name))
             if warning:
                 logger.message(warning)
             if record["best_so_far"] > best_so_far and is_main:

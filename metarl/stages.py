@@ -15,7 +15,8 @@ import numpy as np
 
 from metarl import compilation, devices
 from metarl import config as config_lib
-from metarl.config import ConfigError, RunConfig
+from metarl.config import RunConfig
+from metarl.errors import ConfigError
 from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import RunDir

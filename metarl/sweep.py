@@ -29,7 +29,8 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import config as config_lib
-from metarl import compilation, devices
+from metarl.errors import ConfigError
+from metarl import compilation, devices, errors
 from metarl.rundir import RunDir, atomic_write
 from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
 from metarl.run import check, execute
@@ -93,7 +94,7 @@ def _run(composed, run_dir: Path) -> int:
         cfg = dataclasses.replace(config_lib.from_composed(composed), run_dir=str(run_dir))
         resuming = check_existing(cfg, run_dir)
         return execute(cfg, run_dir, resuming, named=True)
-    except config_lib.ConfigError as err:
+    except ConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     except SystemExit as stop:  # bad input (one line already printed), as a run on its own would exit
@@ -200,7 +201,7 @@ def start(master):
         except ValueError as err:  # ConfigError among them
             fail(str(err).splitlines()[0] + where)
         except (HydraException, OmegaConfBaseException) as err:
-            fail(str(config_lib.one_line(err)) + where)
+            fail(str(errors.one_line(err)) + where)
     count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
     print(f"sweep: {count} in {sweep_dir}", flush=True)
     args = command(master)

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from metarl import kinds
-from metarl.config import ConfigError, RunConfig, layer_errors, layer_path
+from metarl.config import RunConfig
+from metarl.errors import ConfigError, layer_errors, layer_path
 from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops import trainer as trainer_protocol
 from metarl.inner_loops import plugins

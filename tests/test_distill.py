@@ -14,7 +14,7 @@ from test_inspect import check_image
 
 from metarl import distill, evaluate, results
 from metarl.inner_loops import plugins
-from metarl.config import ConfigError, layer_errors
+from metarl.errors import ConfigError, layer_errors
 from metarl.run import check
 from metarl.rundir import DISTILL, FIGURES
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, VALUE_LOSS_INPUTS, FormulaDrift,

@@ -14,7 +14,7 @@ import pytest
 from clihelp import TINY, env_vars, evolve
 
 from metarl import config as config_lib
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 from metarl.rundir import RunDir
 from metarl.inner_loops import envs
 from metarl.inner_loops.ppo import PPOConfig, make_train

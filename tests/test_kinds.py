@@ -8,7 +8,7 @@ from flax import struct
 
 from metarl import config as config_lib
 from metarl import evaluate, figures, kinds, plots, results, run
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 from metarl.rundir import RunDir
 from metarl.tasks import build_task, check_memory
 

@@ -12,6 +12,7 @@ from mlflow import MlflowClient
 
 from clihelp import TINY, env_vars, evolve, records, snapshot, start_evolve
 from metarl import config as config_lib
+from metarl.errors import ConfigError
 from metarl.rundir import RunDir
 from metarl.logger import MlflowRun, mlflow_store, scalars
 
@@ -202,7 +203,7 @@ def test_unreachable_server_costs_one_quick_failure_and_one_warning(tmp_path, mo
     ("logger.mlflow.typo=1", "logger.mlflow.typo"),
 ])
 def test_bad_mlflow_settings_are_one_line_naming_the_field(override, field):
-    with pytest.raises(config_lib.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         config_lib.load("value_loss", [override])
     assert str(err.value).startswith(f"{field}:") and "allowed:" in str(err.value) and "\n" not in str(err.value)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from metarl import config as config_lib
-from metarl.config import ConfigError
+from metarl.errors import ConfigError
 from metarl.search import build_evolution
 from metarl.tasks import build_task
 

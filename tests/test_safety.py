@@ -16,6 +16,7 @@ import pytest
 from clihelp import TINY, env_vars, evolve, snapshot
 from metarl import rundir
 from metarl.config import LoggerSection
+from metarl.errors import ConfigError
 from metarl.logger import Logger
 from metarl.rundir import RunDir
 
@@ -99,7 +100,7 @@ def test_config_ranges_in_process(override, message):
     # The same checks the CLI runs, without a subprocess: a value of the right type, out of range.
     from metarl import config
 
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(ConfigError) as err:
         config.load("value_loss", [override])
     assert str(err.value).startswith(message)
 

@@ -10,7 +10,9 @@ import pytest
 from clihelp import TINY, evolve
 
 from metarl import inspect
-from metarl.config import ConfigError, layer_path, load, search_differences
+from metarl.config import load, search_differences
+from metarl.errors import ConfigError
+from metarl.errors import layer_path
 from metarl.outer_loops.evolution import (CONTROL_FIELDS, SIGNAL_FIELDS, ESConfig, Evolution, signal_stats,
                                           update_signal)
 from metarl.outer_loops.evolution import NOISE_THRESHOLD, noise_warning

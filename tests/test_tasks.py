@@ -10,7 +10,8 @@ from clihelp import TINY, evolve, run_here, final_state, records, start_and_kill
 
 from metarl import stages
 from metarl.outer_loops.fitness import degenerate, make_aggregate, normalize
-from metarl.config import ConfigError, experiment_names, load
+from metarl.config import experiment_names, load
+from metarl.errors import ConfigError
 from metarl.outer_loops.evolution import ESConfig, Evolution
 from metarl.tasks import build_task, task_specs
 

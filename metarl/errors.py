@@ -1,0 +1,73 @@
+"""Errors in the config's terms: ``ConfigError`` (a bad setting, one line naming it), the lower layers'
+own errors mapped to the config's paths (``layer_errors``), and Hydra's and OmegaConf's as one line
+(``one_line``). Only the commands turn them into an ``error:`` line and exit code 2.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Callable
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message is one line naming the field."""
+
+
+# --- the lower layers' errors in the config's terms ----------------------------------------------
+# inner_loops and outer_loops name their own arguments ("popsize: 7 is odd; allowed: ..."); here are the
+# config's paths of them, by what the harness hands a layer: a prefix, or {argument: path, "*": prefix}.
+LAYER_PATHS = {"es": "es.", "component": "component.", "inner": "inner.", "kind": {"_target_": "component.kind"},
+               "evolution": {"num_seeds": "fitness.num_seeds", "*": "es."}}
+
+
+def layer_path(where: str | Callable[[str], str], key: str) -> str:
+    """A lower layer's argument ``key`` as the config names it: by ``LAYER_PATHS[where]``, or ``where(key)``."""
+    paths = where if callable(where) else LAYER_PATHS[where]
+    if callable(paths):
+        return paths(key)
+    paths = paths if isinstance(paths, dict) else {"*": paths}
+    return paths.get(key) or (paths.get("*", "") + key).rstrip(".") or "config"
+
+
+@contextlib.contextmanager
+def layer_errors(where: str | Callable[[str], str]):
+    """Where the harness calls into inner_loops or outer_loops: their ``ValueError``, which names their
+    argument first, becomes a ``ConfigError`` naming the config's path (``layer_path``)."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as err:
+        line = (str(err).strip() or type(err).__name__).splitlines()[0]
+        key, colon, rest = line.partition(":")
+        if not colon or " " in key.strip():  # no argument named: the part of the config itself
+            key, rest = "", f" {line}"
+        raise ConfigError(f"{layer_path(where, key.strip())}:{rest}") from None
+
+
+def one_line(err: Exception) -> ConfigError:
+    """Hydra's or OmegaConf's error as one line naming the setting: OmegaConf's key, the override
+    Hydra names, or the experiment it could not find."""
+    first = (str(err).strip() or type(err).__name__).splitlines()[0].rstrip(".")
+    named = re.search(r"(?:override|argument) '?\+*([^'= ]+)=", first) or re.search(r"override '\+*([^']+)'", first)
+    key = (getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
+           or (named and named[1]) or getattr(err, "override", "").split("=", 1)[0].lstrip("+~") or None)
+    missing = re.search(r"Could not find '(.+)/[^/']+'", first)
+    if missing:  # a config group's option; Hydra lists the others on the lines that follow
+        listed = str(err).split("Available options", 1)[-1].split("Config search path", 1)[0]
+        options = [line.strip() for line in listed.splitlines() if line.startswith("\t")]
+        key, allowed = missing[1], ", ".join(options) + (" (or --config-dir DIR for your own)"
+                                                         if missing[1] == "experiment" else "")
+    elif "Additional config directory" in first:
+        key, allowed = "--config-dir", "a folder that holds your experiment/NAME.yaml files"
+    elif "Could not override" in first or "not in struct" in first:
+        allowed = "a key of the config (--help lists them)"
+    elif "Ambiguous value" in first:
+        first = "lists several values"
+        allowed = "one value, a list written [a,b], or -m to sweep over the values (one run each)"
+    elif key and str(key).startswith("hydra"):
+        allowed = "a key of Hydra's config (--cfg hydra shows them)"
+    else:
+        allowed = ("KEY=VALUE with VALUE a number, a word, true/false, null or a list such as [64,64] (quoted in "
+                   "the shell)")
+    return ConfigError(f"{key or 'overrides'}: {first}; allowed: {allowed}")
