@@ -118,7 +118,7 @@ def test_paired_fitness_is_member_minus_control_on_the_same_seeds():
     assert 0.2 < float(a["signal_within"]) < 4.0
     for field in ("signal_between", "signal_within", "signal"):
         assert float(b[field]) == pytest.approx(float(a[field]), rel=1e-4)
-    with pytest.raises(ValueError, match="^fitness.control: paired"):
+    with pytest.raises(ValueError, match="^paired: True needs a control_fn"):  # in outer_loops' own terms
         Evolution(config, template, _member_plus_seed, num_seeds=2, paired=True)
 
 
