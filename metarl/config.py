@@ -1,7 +1,6 @@
 """Run configuration: composed by Hydra from ``experiments/*.yaml`` plus ``key=value`` overrides,
 then checked once, here, into typed dataclasses. Every error is one line that names the field and
-says what is allowed (``ConfigError``); nothing is compiled before the config is valid.
-"""
+says what is allowed (``ConfigError``); nothing is compiled before the config is valid."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,9 +8,7 @@ import functools
 import json
 import os
 import time
-import typing
 from pathlib import Path
-from typing import Optional
 
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
@@ -22,19 +19,16 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import TypeAdapter
 from pydantic_core import SchemaValidator, ValidationError
 
-from metarl import experiments as _experiments_pkg
+from metarl import experiments
 from metarl.errors import ConfigError, one_line
 from metarl.outer_loops.es_config import ESConfig
 from metarl.inner_loops.config_checks import INT32_MAX
 
-EXPERIMENTS_DIR = Path(_experiments_pkg.__file__).parent
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
 RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "fitness.validation_seeds", "checkpoint", "logger",
                     "devices")
 
-
-# --- the schema ----------------------------------------------------------------------------------
 
 def _checked(allowed: str, ok, **default):
     """A setting whose values ``ok`` accepts; ``build`` refuses any other, saying what is ``allowed``."""
@@ -42,12 +36,16 @@ def _checked(allowed: str, ok, **default):
 
 
 def _choice(*allowed: str):
-    """A setting with a fixed set of values, the first its default."""
     return _checked(", ".join(allowed), allowed.__contains__, default=allowed[0])
 
 
 def _positive(default: int):
     return _checked("> 0", lambda value: value > 0, default=default)
+
+
+def _auto_or_positive(auto: str):
+    return _checked(f"auto ({auto}) or a positive integer", lambda n: n == "auto" or (isinstance(n, int) and n > 0),
+                    default="auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,45 +61,39 @@ class FitnessSection:
     num_seeds: int = _positive(2)
     statistic: str = _choice("final", "auc")
     window: float = _checked("a fraction in (0, 1]", lambda window: 0.0 < window <= 1.0, default=0.2)
-    nonfinite_floor: Optional[float] = None
-    # How each task's return becomes a score (docs/experiments.md); null: baseline with several
-    # tasks, none with one.
-    normalize: Optional[str] = _checked("baseline, none or null (baseline with several tasks, none with one)",
-                                        (None, "baseline", "none").__contains__, default=None)
+    nonfinite_floor: float | None = None
+    # How each task's return becomes a score (docs/experiments.md)
+    normalize: str | None = _checked("baseline, none or null (baseline with several tasks, none with one)",
+                                     (None, "baseline", "none").__contains__, default=None)
     aggregate: str = _choice("mean", "median", "min")   # over tasks
     control: str = _choice("none", "baseline", "paired")   # docs/signal.md
     # seeds of the reference returns normalize=baseline scores against
     reference_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=32)
-    # The final pick (docs/signal.md): the validation_top best members found and the search's mean are
-    # scored again on validation_seeds seeds the search never used, and the best of them is exported.
-    # 0: none; the best member as the search found it is exported.
+    # The final pick (docs/signal.md): the validation_top best members and the search's mean are scored again on
+    # validation_seeds seeds the search never used; the best is exported (0: the search's best as it found it).
     validation_top: int = _checked("an integer >= 0", lambda top: top >= 0, default=0)
     validation_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=16)
 
 
-def _search_space(space) -> bool:
-    return all(isinstance(v, dict) and set(v) <= {"low", "high", "log"} for v in space.values())
-
-
 @dataclasses.dataclass(frozen=True)
 class BaselineSection:
-    """The baseline a search is measured against (docs/results.md): the trainer as configured, or,
-    with ``tune``, the trainer with those hyperparameters tuned on the run's tasks first, with the same
-    fitness, on seeds of its own, by the same search (a ``component.kind=hyperparams`` search in
-    RUN_DIR/tune) with at least the search's own number of trainings. The tuned values then replace
-    the configured ones everywhere: the learned part starts from them, and the normalised fitness, the
-    control, ``evaluate`` and the figures compare with the tuned baseline."""
+    """The baseline a search is measured against (docs/results.md): the trainer as configured, or, with
+    ``tune``, with those hyperparameters first tuned on the run's tasks by the same fitness and search
+    (``component.kind=hyperparams``, in RUN_DIR/tune), on seeds of its own, with at least the search's
+    trainings. The tuned values then replace the configured ones everywhere: the learned part starts from
+    them; the normalised fitness, the control, ``evaluate`` and the figures compare with them."""
     # hyperparameter: {low, high, log} (as component.search of kind hyperparams); empty: no tuning
-    tune: dict = _checked("a mapping such as {lr: {low: 1e-4, high: 1e-2, log: true}}", _search_space,
-                          default_factory=dict)
-    generations: Optional[int] = _checked("a positive integer, or null (es.generations)",
-                                          lambda n: n is None or n > 0, default=None)
+    tune: dict = _checked("a mapping such as {lr: {low: 1e-4, high: 1e-2, log: true}}",
+                          lambda space: all(isinstance(v, dict) and set(v) <= {"low", "high", "log"}
+                                            for v in space.values()), default_factory=dict)
+    generations: int | None = _checked("a positive integer, or null (es.generations)",
+                                       lambda n: n is None or n > 0, default=None)
     # es.* settings of the tuning search that differ from the run's own (e.g. {strategy: Sep_CMA_ES, std_init: 1.0})
     es: dict = dataclasses.field(default_factory=dict)
     # A run directory whose finished tuning (its tuned.json, of the same space, tasks and inner settings)
     # this run uses instead of tuning again: one tuned PPO shared by several searches.
-    tuned_from: Optional[str] = _checked("a run directory whose tuned.json this run uses, or null (tune here)",
-                                         lambda path: path is None or path.strip(), default=None)
+    tuned_from: str | None = _checked("a run directory whose tuned.json this run uses, or null (tune here)",
+                                      lambda path: path is None or path.strip(), default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +106,8 @@ class CheckpointSection:
 class WandbSection:
     mode: str = _choice("disabled", "offline", "online")
     project: str = "metarl"
-    entity: Optional[str] = None
-    group: Optional[str] = None   # runs of one sweep share a group; null: the run stands alone
+    entity: str | None = None
+    group: str | None = None   # runs of one sweep share a group; null: the run stands alone
     tags: list = _checked("a list of non-empty strings", lambda tags: all(isinstance(t, str) and t for t in tags),
                           default_factory=list)
 
@@ -126,8 +118,8 @@ class MlflowSection:
     # A folder: a local store in it (mlflow.db and artifacts/); or MLflow's own URI (http://HOST:PORT, sqlite:///...).
     tracking_uri: str = _checked("a folder for a local store (mlruns), or an MLflow tracking URI such as "
                                  "http://HOST:PORT", lambda uri: uri.strip(), default="mlruns")
-    experiment: Optional[str] = _checked("a name, or null (the run's experiment)",
-                                         lambda name: name is None or name.strip(), default=None)
+    experiment: str | None = _checked("a name, or null (the run's experiment)",
+                                      lambda name: name is None or name.strip(), default=None)
     tags: dict = _checked("a mapping of names to strings or numbers, such as {study: doors}",
                           lambda tags: all(isinstance(k, str) and k and isinstance(v, (str, int, float, bool))
                                            for k, v in tags.items()), default_factory=dict)
@@ -143,27 +135,23 @@ class LoggerSection:
 
 @dataclasses.dataclass(frozen=True)
 class DevicesSection:
-    # One process per machine; on a CPU it makes this many CPU devices (auto: one per usable core).
-    num_cpu_devices: typing.Union[int, str] = _checked(
-        "auto (one per usable CPU core, or JAX_NUM_CPU_DEVICES) or a positive integer",
-        lambda n: n == "auto" or (isinstance(n, int) and n > 0), default="auto")
-    # Several hosts, one process each, joined by jax.distributed (auto: METARL_NUM_PROCESSES or SLURM's, else 1).
-    num_processes: typing.Union[int, str] = _checked(
-        "auto (from METARL_NUM_PROCESSES or SLURM, else 1) or a positive integer",
-        lambda n: n == "auto" or (isinstance(n, int) and n > 0), default="auto")
-    coordinator_address: Optional[str] = None
-    process_id: Optional[int] = None
+    # One process per machine; on a CPU it makes this many CPU devices.
+    num_cpu_devices: int | str = _auto_or_positive("one per usable CPU core, or JAX_NUM_CPU_DEVICES")
+    # Several hosts, one process each, joined by jax.distributed.
+    num_processes: int | str = _auto_or_positive("from METARL_NUM_PROCESSES or SLURM, else 1")
+    coordinator_address: str | None = None
+    process_id: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     experiment: str = _checked("the name of an experiment", bool, default="")
     seed: int = _checked(f"an integer from 0 to {SEED_MAX}", lambda seed: 0 <= seed <= SEED_MAX, default=0)
-    env: typing.Union[str, dict] = "CartPole-v1"   # a name, or {_target_: NAME or dotted.path, ...arguments}
+    env: str | dict = "CartPole-v1"   # a name, or {_target_: NAME or dotted.path, ...arguments}
     # Meta-training tasks (each an env, or {env, inner: {...}, name}); empty: the one task `env`.
-    tasks: Optional[list] = None
-    eval_tasks: Optional[list] = None   # held out: never used for fitness
-    run_dir: Optional[str] = None
+    tasks: list | None = None
+    eval_tasks: list | None = None   # held out: never used for fitness
+    run_dir: str | None = None
     component: dict = dataclasses.field(default_factory=dict)
     # The inner trainer: its config fields, and algo (ppo, dqn, q_learning) or _target_ (a config class of your
     # own whose module defines make_train; docs/extending.md)
@@ -175,12 +163,9 @@ class RunConfig:
     logger: LoggerSection = LoggerSection()
     devices: DevicesSection = DevicesSection()
 
-    def to_dict(self) -> dict:
-        """Plain data, keyed as in the config files (the form ``config.yaml`` stores)."""
+    def to_dict(self) -> dict:   # as ``config.yaml`` stores it
         return to_dict(self)
 
-
-# --- building and checking -------------------------------------------------------------------------
 
 # pydantic's errors as what is allowed: strict types (no "3" for 3, no 1 for true, no tuple for a list), finite numbers
 _ALLOWED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "true or false",
@@ -201,15 +186,10 @@ def _adapted(node):
 
 
 _adapter = functools.cache(TypeAdapter)
+_validator = functools.cache(lambda tp: SchemaValidator(_adapted(TypeAdapter(tp).core_schema), _STRICT))
 
 
-@functools.cache
-def _validator(tp) -> SchemaValidator:
-    return SchemaValidator(_adapted(TypeAdapter(tp).core_schema), _STRICT)
-
-
-def _keys(cls, loc: tuple) -> str:
-    """The keys of the dataclass at ``loc`` in dataclass ``cls``."""
+def _keys(cls, loc: tuple) -> str:   # of the dataclass at ``loc`` in dataclass ``cls``
     return ", ".join(functools.reduce(dict.get, loc, to_dict(cls())))
 
 
@@ -235,8 +215,7 @@ def coerce(value, tp, path):
 
 
 def build(cls, data: dict, prefix: str = ""):
-    """Build dataclass ``cls`` from a plain dict (``coerce``), refusing also the values that a field's ``ok``
-    (``_checked``) refuses."""
+    """Dataclass ``cls`` from a plain dict (``coerce``), refusing also what a field's ``ok`` (``_checked``) refuses."""
     return _check(coerce(data, cls, prefix), prefix)
 
 
@@ -258,15 +237,12 @@ def to_dict(value):
 
 
 def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
-    """Refuse a path that cannot become a directory: an existing file, a path under a file, or a
-    place this user may not create it in. Nothing is created here. Checked where a run starts, not in
+    """Refuse a path that cannot become a directory; create nothing. Checked where a run starts, not in
     ``build``: a saved config read on another machine (inspect, evaluate) names a path of that one."""
     path = Path(run_dir).expanduser().absolute()
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{field}: {run_dir} is a file; allowed: a new or existing directory")
-    parent = path
-    while not parent.exists():
-        parent = parent.parent
+    parent = next(p for p in (path, *path.parents) if p.exists())
     if not parent.is_dir():
         raise ConfigError(f"{field}: {run_dir} lies under the file {parent}; allowed: a path under a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -274,23 +250,15 @@ def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
                           "directory you can write to")
 
 
-# --- Hydra ---------------------------------------------------------------------------------------
-
-def schema():
-    """Every key with its default, from the dataclasses above: Hydra's ``metarl_schema``, first in the
-    primary config's defaults list, so a misspelt key is refused when the config is composed. Values
-    are checked by ``build``. ``inner`` and ``component`` take any key: a trainer's or a component's
-    own fields, checked by the class the config names."""
-    # resume=RUN_DIR: continue that run (metarl.evolve); not a setting of the run itself
-    node = OmegaConf.create({**to_dict(RunConfig(experiment=MISSING)), "resume": None})
-    for key in ("inner", "component", "es.args", "logger.mlflow.tags", "baseline.tune", "baseline.es"):
-        OmegaConf.set_struct(OmegaConf.select(node, key), False)
-    return node
-
-
-# The schema, and the resolver of a sweep's directory: ``run_dir``, else ``checkpoints/NAME-DATE-sweep``
-# (with Hydra's ``now``, which its launchers carry to every job).
-ConfigStore.instance().store(name="metarl_schema", node=schema())
+# Every key with its default: Hydra's ``metarl_schema``, first in the primary config's defaults list, so a misspelt
+# key is refused when the config is composed (``build`` checks the values); resume=RUN_DIR (metarl.evolve) is no setting
+# of the run's own. ``inner``, ``component`` and the mappings below take any key, checked by whatever they configure.
+_schema = OmegaConf.create({**to_dict(RunConfig(experiment=MISSING)), "resume": None})
+for _key in ("inner", "component", "es.args", "logger.mlflow.tags", "baseline.tune", "baseline.es"):
+    OmegaConf.set_struct(OmegaConf.select(_schema, _key), False)
+ConfigStore.instance().store(name="metarl_schema", node=_schema)
+# A sweep's directory: ``run_dir``, else ``checkpoints/NAME-DATE-sweep`` (with Hydra's ``now``, which its
+# launchers carry to every job).
 OmegaConf.register_new_resolver("metarl_sweep_dir", lambda run_dir, experiment, date: run_dir or
                                 f"checkpoints/{experiment or 'sweep'}-{date}-sweep", replace=True)
 
@@ -301,8 +269,7 @@ def default_run_dir(experiment: str) -> Path:
 
 
 def experiment_names() -> list[str]:
-    """The shipped experiments (``experiments/experiment/*.yaml``)."""
-    return sorted(p.stem for p in (EXPERIMENTS_DIR / "experiment").glob("*.yaml"))
+    return sorted(p.stem for p in Path(experiments.__file__).with_name("experiment").glob("*.yaml"))
 
 
 def from_composed(composed) -> RunConfig:
@@ -314,14 +281,13 @@ def from_composed(composed) -> RunConfig:
         data = OmegaConf.to_container(OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"]),
                                       resolve=True)
     except OmegaConfBaseException as err:
-        key = getattr(err, "full_key", None) or "config"
-        raise ConfigError(f"{key}: {str(err).splitlines()[0]}; allowed: a value, or an interpolation that "
-                          "resolves") from None
+        raise ConfigError(f"{getattr(err, 'full_key', None) or 'config'}: {str(err).splitlines()[0]}; allowed: "
+                          "a value, or an interpolation that resolves") from None
     data.pop("resume", None)
     return from_dict(data)
 
 
-def load(experiment: str, overrides: list[str] = (), config_dir: Optional[str] = None) -> RunConfig:
+def load(experiment: str, overrides: list[str] = (), config_dir: str | None = None) -> RunConfig:
     """The checked config of ``experiment`` with ``overrides``, as ``python -m metarl.evolve`` would
     compose it (Hydra's compose API); ``config_dir``: a folder with your own ``experiment/NAME.yaml``."""
     search = [f"hydra.searchpath=[{Path(config_dir).resolve().as_uri()}]"] if config_dir else []
@@ -334,7 +300,7 @@ def load(experiment: str, overrides: list[str] = (), config_dir: Optional[str] =
         raise one_line(err) from None
 
 
-def with_tuned(cfg: RunConfig, tuned: Optional[dict]) -> RunConfig:
+def with_tuned(cfg: RunConfig, tuned: dict | None) -> RunConfig:
     """``cfg`` with the tuned baseline's hyperparameters (``RunDir.tuned``) in place of the configured ones."""
     return cfg if tuned is None else dataclasses.replace(cfg, inner={**cfg.inner, **tuned["hyperparameters"]})
 
@@ -347,10 +313,7 @@ def from_dict(data: dict) -> RunConfig:
 def flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
     return out
 
 
@@ -363,16 +326,14 @@ def search_differences(saved: dict, new: dict) -> list[str]:
     """Settings that differ between two configs and change the search (``RESUMABLE_FIELDS`` excluded)."""
     a, b = flatten(saved), flatten(new)
     defaults = flatten(to_dict(RunConfig(experiment="")))
+    resumable = tuple(f + "." for f in RESUMABLE_FIELDS)
     diffs = []
     for key in sorted(set(a) | set(b)):
-        if any(key == f or key.startswith(f + ".") for f in RESUMABLE_FIELDS):
-            continue
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
         # A setting added to the schema after a run was saved is absent from its config.yaml; at its
         # empty default (null, {}, []) or at the schema's default (fitness.control: none) it changes nothing.
-        if "<unset>" in (va, vb) and any(v is None or v == {} or v == [] or (key in defaults and v == defaults[key])
-                                         for v in (va, vb)):
-            continue
-        if va != vb:
+        added = "<unset>" in (va, vb) and any(v in (None, {}, []) or (key in defaults and v == defaults[key])
+                                              for v in (va, vb))
+        if va != vb and not added and not (key + ".").startswith(resumable):
             diffs.append(f"{key}: {va!r} -> {vb!r}")
     return diffs

@@ -1,7 +1,6 @@
 """Errors in the config's terms: ``ConfigError`` (a bad setting, one line naming it), the lower layers'
 own errors mapped to the config's paths (``layer_errors``), and Hydra's and OmegaConf's as one line
-(``one_line``). Only the commands turn them into an ``error:`` line and exit code 2.
-"""
+(``one_line``). Only the commands turn them into an ``error:`` line and exit code 2."""
 from __future__ import annotations
 
 import contextlib
@@ -13,19 +12,17 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line naming the field."""
 
 
-# --- the lower layers' errors in the config's terms ----------------------------------------------
 # inner_loops and outer_loops name their own arguments ("popsize: 7 is odd; allowed: ..."); here are the
-# config's paths of them, by what the harness hands a layer: a prefix, or {argument: path, "*": prefix}.
-LAYER_PATHS = {"es": "es.", "component": "component.", "inner": "inner.", "kind": {"_target_": "component.kind"},
-               "evolution": {"num_seeds": "fitness.num_seeds", "*": "es."}}
+# config's paths of them, by what the harness hands a layer: {argument: path, "*": prefix of the others}.
+LAYER_PATHS = {"es": {"*": "es."}, "component": {"*": "component."}, "inner": {"*": "inner."},
+               "kind": {"_target_": "component.kind"}, "evolution": {"num_seeds": "fitness.num_seeds", "*": "es."}}
 
 
 def layer_path(where: str | Callable[[str], str], key: str) -> str:
     """A lower layer's argument ``key`` as the config names it: by ``LAYER_PATHS[where]``, or ``where(key)``."""
-    paths = where if callable(where) else LAYER_PATHS[where]
-    if callable(paths):
-        return paths(key)
-    paths = paths if isinstance(paths, dict) else {"*": paths}
+    if callable(where):
+        return where(key)
+    paths = LAYER_PATHS[where]
     return paths.get(key) or (paths.get("*", "") + key).rstrip(".") or "config"
 
 
