@@ -34,14 +34,19 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     return paths
 
 
+def _fixed_at_zero(inputs) -> str:
+    return f"; {', '.join(inputs)} fixed at 0" if inputs else ""
+
+
 def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
-    comp = task.component
+    """The loss and its gradient over the error (through training where it is temporal), and a heatmap
+    over the error and each of its other inputs."""
+    comp, progress_of = task.component, _progress_at(task)
     temporal = getattr(comp, "temporal", False)
     fixed = (f"best meta-parameters of generation {info.get('generation')} "
              f"(fitness {info.get('fitness', float('nan')):.4g})")
     # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
     extra = [i for i in getattr(comp, "inputs", ("error",)) if i not in ("error", *TEMPORAL_INPUTS)]
-    progress_of = _progress_at(task)
 
     def curves(fraction, errors, **others):
         """The loss and its gradient w.r.t. the prediction (the target and old prediction are data)."""
@@ -52,8 +57,7 @@ def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_rang
         return np.asarray(jax.vmap(loss)(errors, **others)), np.asarray(jax.vmap(jax.grad(loss))(errors, **others))
 
     errors = np.linspace(-error_range, error_range, 401, dtype=np.float32)
-    note = fixed + (f"; {', '.join(extra)} fixed at 0" if extra else "") + (
-        "; at the start of training" if temporal else "")
+    note = fixed + _fixed_at_zero(extra) + ("; at the start of training" if temporal else "")
     paths = [plots.save(plots.value_loss_figure(errors, *curves(0.0, errors), note), out / "value_loss.png")]
     if temporal:
         fig = plots.value_loss_progress_figure(errors, {f: curves(f, errors) for f in PROGRESS_POINTS},
@@ -66,21 +70,19 @@ def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_rang
         other = np.linspace(-span, span, 81, dtype=np.float32)
         e, o = (x.ravel() for x in np.meshgrid(errors, other))
         z, g = (c.reshape(len(other), len(errors)) for c in curves(0.0, e, **{name: o}))
-        rest = [i for i in extra if i != name]
-        note_h = fixed + (f"; {', '.join(rest)} fixed at 0" if rest else "")
-        fig = plots.value_loss_heatmap_figure(errors, other, z, g, name, note_h)
+        fig = plots.value_loss_heatmap_figure(errors, other, z, g, name,
+                                              fixed + _fixed_at_zero([i for i in extra if i != name]))
         paths.append(plots.save(fig, out / f"value_loss_{name}.png"))
     return paths
 
 
 def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
-    config = task.inner_config
-    ratios = jnp.linspace(0.5, 1.5, 101)
-    advantages = jnp.linspace(-2.0, 2.0, 81)
+    """The learned drift and objective beside PPO's (at several points of training where it is temporal)."""
+    config, progress_of = task.inner_config, _progress_at(task)
+    temporal = getattr(task.component, "temporal", False)
+    ratios, advantages = jnp.linspace(0.5, 1.5, 101), jnp.linspace(-2.0, 2.0, 81)
     r, a = jnp.meshgrid(ratios, advantages)
     ppo_drift = np.asarray(r * a - CLIPPED_SURROGATE.apply({}, r, a, config))
-    progress_of = _progress_at(task)
-    temporal = getattr(task.component, "temporal", False)
     paths = []
     for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
         # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
@@ -110,8 +112,7 @@ def _progress_at(task):
 def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, error_range: float) -> list[Path]:
     """The search mean and mean -+ std that the run logs every generation, and the exported best."""
     comp = task.component
-    bounds = {n: (comp.low[i], comp.high[i]) for i, n in enumerate(comp.names)}
-    log = {n: comp.log[i] for i, n in enumerate(comp.names)}
+    bounds, log = dict(zip(comp.names, zip(comp.low, comp.high))), dict(zip(comp.names, comp.log))
     best_values = {k: float(v) for k, v in comp.decode(best).items()} if best is not None else None
     best_gen = info.get("generation") if info else None
     records = [r for r in results.history(run_dir) if "search" in r]

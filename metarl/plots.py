@@ -3,7 +3,7 @@ evaluation learning curves.
 
 Every function returns a ``matplotlib.figure.Figure`` built on the Agg canvas, never through pyplot,
 so nothing is left in pyplot's global state and no display is needed; ``save(fig, path)`` writes it.
-The functions take plain arrays and callables, not run directories: ``metarl.inspect`` reads a run and
+The functions take plain arrays and callables, not run directories: ``metarl.figures`` reads a run and
 calls them.
 """
 from __future__ import annotations
@@ -22,7 +22,9 @@ from matplotlib.ticker import MaxNLocator
 from metarl.stats import t_interval
 
 LEARNED, BASELINE = "tab:blue", "tab:orange"
+FORMULA_COLOURS = ("tab:green", "tab:red", "tab:purple", "tab:brown")
 DPI = 100
+ERROR = "error e = prediction - target"  # the x axis of every value-loss panel
 
 
 def new_figure(width: float, height: float, note: str = "", fontsize: float = 9) -> Figure:
@@ -35,10 +37,20 @@ def new_figure(width: float, height: float, note: str = "", fontsize: float = 9)
 
 
 def save(fig: Figure, path: str | Path) -> Path:
+    """``fig`` written to ``path``, its folder made where missing; the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     return path
+
+
+def _grid(n: int, max_cols: int, width: float, height: float, note: str = "", pad: float = 0.0):
+    """A figure of ``n`` panels of ``width`` x ``height`` inches in rows of at most ``max_cols`` (``pad``:
+    inches more for ``note``) and its panels, in order. The caller labels the first panel's legend."""
+    cols = min(max_cols, n)
+    rows = -(-n // cols)
+    fig = new_figure(width * cols, height * rows + pad, note)
+    return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
 
 
 # --- fitness -------------------------------------------------------------------------------------
@@ -115,6 +127,25 @@ def signal_figure(history: Sequence[dict], threshold: float, title: str = "") ->
     return fig
 
 
+def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure:
+    """One panel per task: the population's mean raw return per generation and the generation's best
+    member's return on that task, with its normalised score (baseline = 1) on the right axis."""
+    fig, axes = _grid(len(names), 3, 4, 3)
+    gens, _ = _generations(history)
+    for name, ax in zip(names, axes):
+        _, col = _generations([r.get("tasks", {}).get(name, {}) for r in history])
+        ax.plot(gens, col("raw_mean"), color=LEARNED, lw=2, label="population mean")
+        ax.plot(gens, col("raw_best"), ".", color="tab:green", label="best member")
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel("return")
+        _generation_axis(ax, gens)
+        score = ax.twinx()
+        score.plot(gens, col("score_mean"), color="0.4", lw=0.8, ls="--", label="mean score")
+        score.set_ylabel("normalised score", fontsize=8)
+    axes[0].legend(fontsize=7, loc="lower right")
+    return fig
+
+
 # --- learned value loss ---------------------------------------------------------------------------
 
 def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
@@ -128,10 +159,10 @@ def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
     return twin, True
 
 
-def _error_panel(ax, ylabel: str) -> None:
+def _error_panel(ax, ylabel: str, title: str) -> None:
     ax.axhline(0, color="grey", lw=0.5)
     ax.axvline(0, color="grey", lw=0.5)
-    ax.set(xlabel="error e = prediction - target", ylabel=ylabel)
+    ax.set(xlabel=ERROR, ylabel=ylabel, title=title)
     ax.grid(alpha=0.3)
 
 
@@ -139,22 +170,18 @@ def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fi
     """Left: the learned loss shifted to 0 at zero error (raw values in the legend) beside L2 = 0.5 e^2.
     Right: its gradient with respect to the prediction beside L2's, e. ``errors`` = prediction - target."""
     fig = new_figure(11, 4.2, fixed)
-    l2, l2_grad = 0.5 * errors**2, errors
     zero = int(np.argmin(np.abs(errors)))
-    shifted = loss - loss[zero]
-    for ax, learned, base, name, base_label in (
-            (fig.add_subplot(1, 2, 1), shifted, l2, "loss", "L2: 0.5 e²"),
-            (fig.add_subplot(1, 2, 2), grad, l2_grad, "d loss / d prediction", "L2: e")):
+    panels = (("loss", loss - loss[zero], "learned - learned(0)", 0.5 * errors**2, "L2: 0.5 e²",
+               f"value loss (learned at 0: {loss[zero]:.3g}, range {np.ptp(loss):.3g})"),
+              ("d loss / d prediction", grad, "learned", errors, "L2: e", "gradient w.r.t. the prediction"))
+    for ax, (name, learned, label, base, base_label, title) in zip(fig.subplots(1, 2), panels):
         lines = ax.plot(errors, base, color=BASELINE, lw=2, label=base_label)
-        _error_panel(ax, name)
+        _error_panel(ax, name, title)
         target, twinned = _twin_if_needed(ax, learned, base)
-        label = "learned" + (" - learned(0)" if name == "loss" else "") + (" (right axis)" if twinned else "")
-        lines += target.plot(errors, learned, color=LEARNED, lw=2, label=label)
+        lines += target.plot(errors, learned, color=LEARNED, lw=2, label=label + (" (right axis)" if twinned else ""))
         if twinned:
             target.set_ylabel(f"learned {name}", color=LEARNED)
         ax.legend(handles=lines, fontsize=8, loc="upper center")
-    fig.axes[0].set_title(f"value loss (learned at 0: {loss[zero]:.3g}, range {np.ptp(loss):.3g})")
-    fig.axes[1].set_title("gradient w.r.t. the prediction")
     return fig
 
 
@@ -162,20 +189,18 @@ def value_loss_progress_figure(errors: np.ndarray, curves: dict, fixed: str = ""
     """A temporal value loss at several points of training (``curves``: fraction of training done ->
     (loss, gradient)): left the loss shifted to 0 at zero error, right its gradient; L2 dashed."""
     fig = new_figure(11, 4.2, fixed)
-    cmap = colormaps["viridis"]
     zero = int(np.argmin(np.abs(errors)))
-    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    left, right = fig.subplots(1, 2)
     for i, (fraction, (loss, grad)) in enumerate(sorted(curves.items())):
-        color = cmap(i / max(1, len(curves) - 1))
+        color = colormaps["viridis"](i / max(1, len(curves) - 1))
         left.plot(errors, loss - loss[zero], color=color, lw=2, label=f"{fraction:.0%} of training")
         right.plot(errors, grad, color=color, lw=2)
     left.plot(errors, 0.5 * errors**2, color=BASELINE, lw=1, ls="--", label="L2: 0.5 e²")
     right.plot(errors, errors, color=BASELINE, lw=1, ls="--", label="L2: e")
-    for ax, name in ((left, "loss - loss(0)"), (right, "d loss / d prediction")):
-        _error_panel(ax, name)
+    for ax, name, title in ((left, "loss - loss(0)", "learned value loss through training"),
+                            (right, "d loss / d prediction", "its gradient w.r.t. the prediction")):
+        _error_panel(ax, name, title)
         ax.legend(fontsize=8, loc="upper center")
-    left.set_title("learned value loss through training")
-    right.set_title("its gradient w.r.t. the prediction")
     return fig
 
 
@@ -185,16 +210,19 @@ def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.nd
     input; ``loss`` and ``grad`` have shape (len(other), len(errors))."""
     fig = new_figure(11, 4.2, fixed)
     zero = int(np.argmin(np.abs(errors)))
-    for i, (z, name) in enumerate(((loss - loss[:, zero:zero + 1], "learned loss - loss at e=0"),
-                                   (grad, "d loss / d prediction"))):
-        ax = fig.add_subplot(1, 2, i + 1)
-        mesh = ax.pcolormesh(errors, other, z, cmap="RdBu_r", norm=_centred(z), shading="auto")
-        fig.colorbar(mesh, ax=ax)
-        ax.set(xlabel="error e = prediction - target", ylabel=other_name, title=name)
+    for ax, (z, name) in zip(fig.subplots(1, 2), ((loss - loss[:, zero:zero + 1], "learned loss - loss at e=0"),
+                                                  (grad, "d loss / d prediction"))):
+        _heatmap(ax, errors, other, z, cmap="RdBu_r", norm=_centred(z))
+        ax.set(xlabel=ERROR, ylabel=other_name, title=name)
     return fig
 
 
+def _heatmap(ax, x, y, z, **style) -> None:
+    ax.figure.colorbar(ax.pcolormesh(x, y, z, shading="auto", **style), ax=ax)
+
+
 def _centred(z):
+    """A colour scale symmetric about 0, so that the sign of ``z`` reads off its colour."""
     lim = (float(np.nanmax(np.abs(z))) if np.isfinite(z).any() else 0.0) or 1.0
     return TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
 
@@ -210,26 +238,21 @@ def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: n
     r, a = np.meshgrid(ratios, advantages)
     rows = (("drift", drift, ppo_drift, "magma", None),
             ("objective r·A - drift", r * a - drift, r * a - ppo_drift, "RdBu_r", "centred"))
-    for row, (name, learned, ppo, cmap, norm) in enumerate(rows):
+    for axes, (name, learned, ppo, cmap, norm) in zip(fig.subplots(2, 2), rows):
         both = np.stack([learned, ppo])
         kw = {"norm": _centred(both)} if norm else {"vmin": 0.0, "vmax": max(float(np.nanmax(both)), 1e-6)}
-        for col, (z, who) in enumerate(((learned, "learned"), (ppo, f"PPO (clip_eps={clip_eps:g})"))):
-            ax = fig.add_subplot(2, 2, 2 * row + col + 1)
-            mesh = ax.pcolormesh(ratios, advantages, z, cmap=cmap, shading="auto", **kw)
+        for ax, z, who in zip(axes, (learned, ppo), ("learned", f"PPO (clip_eps={clip_eps:g})")):
+            _heatmap(ax, ratios, advantages, z, cmap=cmap, **kw)
             if np.nanmax(z) > np.nanmin(z):
                 ax.contour(ratios, advantages, z, levels=8, colors="k", linewidths=0.4, alpha=0.6)
             for x in (1 - clip_eps, 1 + clip_eps):
                 ax.axvline(x, color="white" if cmap == "magma" else "grey", ls="--", lw=0.8)
             ax.set_title(f"{who}: {name}", fontsize=10)
             ax.set(xlabel="ratio r = π / π_old", ylabel="advantage A")
-            fig.colorbar(mesh, ax=ax)
     return fig
 
 
 # --- distilled formulas -------------------------------------------------------------------------------
-
-FORMULA_COLOURS = ("tab:green", "tab:red", "tab:purple", "tab:brown")
-
 
 def math_label(latex: str) -> str:
     """``$latex$`` when matplotlib's mathtext reads it and it is short enough for a legend line, else ""."""
@@ -274,20 +297,16 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
     return fig
 
 
-# --- hyperparameters ------------------------------------------------------------------------------
+# --- hyperparameters and schedules ----------------------------------------------------------------
 
 def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional[dict], highs: Optional[dict],
                        bounds: dict, log: dict, best: Optional[dict] = None,
                        best_generation: Optional[float] = None, note: str = "") -> Figure:
     """One panel per hyperparameter: the search mean (decoded) per generation, a band of mean -+ one
     search std mapped through the bounded transform, the search bounds, and the exported best."""
-    names = list(means)
-    ncols = min(4, len(names))
-    nrows = -(-len(names) // ncols)
-    fig = new_figure(3.2 * ncols, 2.8 * nrows + 0.4, note)
+    fig, axes = _grid(len(means), 4, 3.2, 2.8, note, pad=0.4)
     gens = np.asarray(generations, dtype=float)
-    for i, name in enumerate(names):
-        ax = fig.add_subplot(nrows, ncols, i + 1)
+    for name, ax in zip(means, axes):
         if lows is not None and highs is not None:
             ax.fill_between(gens, lows[name], highs[name], color=LEARNED, alpha=0.25, lw=0, label="mean -+ std")
         ax.plot(gens, means[name], color=LEARNED, marker="o", ms=3, lw=1.5, label="search mean")
@@ -300,8 +319,18 @@ def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional
             ax.set_yscale("log")
         ax.set_title(name)
         _generation_axis(ax, gens)
-        if i == 0:
-            ax.legend(fontsize=7)
+    axes[0].legend(fontsize=7)
+    return fig
+
+
+def schedule_figure(progress: np.ndarray, curves: dict, baseline: str) -> Figure:
+    """One panel per hyperparameter: ``curves[name] = (learned, baseline)`` over the training progress."""
+    fig, axes = _grid(len(curves), len(curves), 4.0, 3.2)
+    for ax, (name, (learned, own)) in zip(axes, curves.items()):
+        ax.plot(progress, learned, color=LEARNED, label="learned")
+        ax.plot(progress, own, "--", color=BASELINE, label=baseline)
+        ax.set(xlabel="fraction of training done", title=name)
+    axes[0].legend(fontsize=7)
     return fig
 
 
@@ -321,29 +350,6 @@ def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") ->
            title=title or "learning curves (mean, 95% CI over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return fig
-
-
-def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure:
-    """One panel per task: the population's mean raw return per generation and the generation's best
-    member's return on that task, with its normalised score (baseline = 1) on the right axis."""
-    cols = min(3, len(names))
-    rows_n = -(-len(names) // cols)
-    fig = new_figure(4 * cols, 3 * rows_n)
-    gens, _ = _generations(history)
-    for i, name in enumerate(names):
-        ax = fig.add_subplot(rows_n, cols, i + 1)
-        _, col = _generations([r.get("tasks", {}).get(name, {}) for r in history])
-        ax.plot(gens, col("raw_mean"), color=LEARNED, lw=2, label="population mean")
-        ax.plot(gens, col("raw_best"), ".", color="tab:green", label="best member")
-        ax.set_title(name, fontsize=9)
-        ax.set_ylabel("return")
-        _generation_axis(ax, gens)
-        if i == 0:
-            ax.legend(fontsize=7, loc="lower right")
-        score = ax.twinx()
-        score.plot(gens, col("score_mean"), color="0.4", lw=0.8, ls="--", label="mean score")
-        score.set_ylabel("normalised score", fontsize=8)
     return fig
 
 
@@ -388,17 +394,4 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
                                            for n in names], fontsize=8)
     agg.set_xlim(-0.6, len(names) - 0.4)
     agg.set_title("IQM (stratified bootstrap 95% CI)", fontsize=9)
-    return fig
-
-
-def schedule_figure(progress: np.ndarray, curves: dict, baseline: str) -> Figure:
-    """One panel per hyperparameter: ``curves[name] = (learned, baseline)`` over the training progress."""
-    fig = new_figure(4.0 * len(curves), 3.2)
-    for i, (name, (learned, own)) in enumerate(curves.items()):
-        ax = fig.add_subplot(1, len(curves), i + 1)
-        ax.plot(progress, learned, color=LEARNED, label="learned")
-        ax.plot(progress, own, "--", color=BASELINE, label=baseline)
-        ax.set(xlabel="fraction of training done", title=name)
-        if i == 0:
-            ax.legend(fontsize=7)
     return fig
