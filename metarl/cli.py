@@ -12,11 +12,9 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
-from metarl import config as config_lib
-from metarl import errors
-from metarl.rundir import CheckpointError
+from metarl import config as config_lib, errors
 from metarl.errors import ConfigError
-from metarl.rundir import RunDir
+from metarl.rundir import CheckpointError, RunDir
 
 EXIT_BAD_INPUT = 2
 # Signals that stop a run after the generation in flight, with a checkpoint (``metarl.run``).
@@ -29,12 +27,12 @@ def fail(message: str, code: int = EXIT_BAD_INPUT):
     raise SystemExit(code)
 
 
-def command_line(argv: list[str], function, usage: str) -> tuple[Path, dict]:
-    """``run_dir=RUN_DIR [KEY=VALUE ...]``, the command line of ``inspect``, ``evaluate`` and ``distill``:
-    the keys are ``function``'s arguments, in any order, each value read as ``metarl.evolve`` reads its
-    overrides (Hydra's override grammar: ``num_seeds=32``, ``tasks=[CartPole-v1,Acrobot-v1]``,
-    ``env=null``) and checked against the argument's type; ``function`` checks the ranges. ``--help``
-    (or nothing) prints ``usage``. Bad input: one line, exit code 2."""
+def run_command(argv: list[str] | None, function, usage: str, show) -> int:
+    """The command of ``inspect``, ``evaluate`` and ``distill``: ``function(RUN_DIR, **options)`` from
+    ``run_dir=RUN_DIR [KEY=VALUE ...]`` (``argv``; ``None``: this process's), printed as ``show`` writes it.
+    The keys are ``function``'s arguments, their values read as ``metarl.evolve`` reads its own (Hydra's
+    grammar: ``env=null``) and typed as the arguments; ``--help``, or nothing, prints ``usage``."""
+    argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         raise SystemExit(0 if argv else EXIT_BAD_INPUT)
@@ -63,16 +61,8 @@ def command_line(argv: list[str], function, usage: str) -> tuple[Path, dict]:
         check_run_to_read(options["run_dir"])
     except ConfigError as err:
         fail(str(err))
-    return Path(options.pop("run_dir")), options
-
-
-def run_command(argv: list[str] | None, function, usage: str, show) -> int:
-    """A command that reads a run: ``function(RUN_DIR, **options)`` from its command line
-    (``command_line``; ``None``: this process's), the result printed as ``show`` writes it. Bad input,
-    and a run that cannot be read: one line, exit code 2."""
-    run_dir, options = command_line(sys.argv[1:] if argv is None else argv, function, usage)
     try:
-        result = function(run_dir, **options)
+        result = function(Path(options.pop("run_dir")), **options)
     except (ConfigError, CheckpointError) as err:
         fail(str(err).splitlines()[0])
     if text := show(result):
@@ -80,16 +70,14 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
     return 0
 
 
-def check_run_to_read(run_dir: str | Path) -> None:
-    """A run directory to read: ``ConfigError`` if it is none."""
+def check_run_to_read(run_dir: str | Path) -> None:  # ConfigError if it is not a run's directory
     RunDir(run_dir).require_run()
 
 
 @contextlib.contextmanager
 def stop_signals_to(handler):
-    """``handler`` receives the stop signals inside the block. A signal this process was started with
-    ignored (``nohup`` ignores SIGHUP) stays ignored rather than stopping the run; outside the main
-    thread, where Python cannot set handlers, nothing changes."""
+    """``handler`` receives the stop signals inside the block, except one this process was started with
+    ignored (``nohup`` ignores SIGHUP); outside the main thread, where Python cannot set handlers, none."""
     try:
         old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
     except ValueError:  # not the main thread
@@ -115,7 +103,6 @@ def check_existing(cfg, run_dir: Path) -> bool:
 
 
 def _refuse_search_change(saved: dict, cfg, run_dir: Path):
-    diffs = config_lib.search_differences(saved, cfg.to_dict())
-    if diffs:
+    if diffs := config_lib.search_differences(saved, cfg.to_dict()):
         fail(f"run_dir: {run_dir} holds a run whose search differs ({'; '.join(diffs)}); allowed: the same "
              "settings (es.generations, logger.*, checkpoint.* and devices.* may change), or a new run_dir")

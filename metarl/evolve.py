@@ -1,10 +1,9 @@
 """``python -m metarl.evolve experiment=NAME [key=value ...]``: evolve a part of an RL algorithm.
 
-A Hydra application (docs/sweeps.md): ``experiment=NAME`` selects ``experiments/experiment/NAME.yaml``
-over the defaults of ``experiments/config.yaml``; ``-m`` runs a sweep (``metarl.sweep``), ``--cfg``
-prints the composed config, ``--help`` lists the experiments and keys, ``--config-dir DIR`` adds your
-own ``DIR/experiment/*.yaml``; ``resume=RUN_DIR`` continues a run. Bad settings exit with code 2 and
-one line naming the field, before anything is compiled or written.
+A Hydra application (docs/sweeps.md): ``experiment=NAME`` selects ``experiment/NAME.yaml`` (yours with
+``--config-dir DIR``) over ``experiments/config.yaml``; ``-m`` runs a sweep (``metarl.sweep``);
+``resume=RUN_DIR`` continues a run. Bad settings exit with code 2 and one line naming the field, before
+anything is compiled or written.
 """
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -24,25 +22,10 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from metarl import config as config_lib
-from metarl import errors
+from metarl import config as config_lib, errors
 from metarl.cli import _refuse_search_change, check_existing, fail
 from metarl.errors import ConfigError
-from metarl.rundir import RunDir
-from metarl.rundir import unique_dir
-
-
-def resolve(composed, hydra_cfg) -> tuple:
-    """From the composed config to ``(RunConfig, run_dir, resuming, named)``, refusing anything unsafe
-    and writing nothing (Hydra's own settings are checked by ``RunHooks.on_run_start``); ``named``
-    says the user chose the run directory (``run_dir=``); otherwise it is a new one under ``checkpoints/``."""
-    if composed.resume:
-        return _resume(composed.resume, hydra_cfg)
-    cfg = config_lib.from_composed(composed)
-    named = bool(cfg.run_dir)
-    run_dir = Path(cfg.run_dir) if named else unique_dir(config_lib.default_run_dir(cfg.experiment))
-    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-    return cfg, run_dir, check_existing(cfg, run_dir), named
+from metarl.rundir import RunDir, unique_dir
 
 
 def _resume(resume: str, hydra_cfg) -> tuple:
@@ -55,10 +38,8 @@ def _resume(resume: str, hydra_cfg) -> tuple:
     merged = OmegaConf.create(saved)
     for override in OverridesParser.create().parse_overrides(given):
         key = override.key_or_group
-        if key == "experiment":
-            if override.value() != saved.get("experiment"):
-                fail(f"experiment: {override.value()!r} differs from the run's {saved.get('experiment')!r}")
-            continue
+        if key == "experiment" and override.value() != saved.get("experiment"):
+            fail(f"experiment: {override.value()!r} differs from the run's {saved.get('experiment')!r}")
         try:
             OmegaConf.update(merged, key, override.value(), merge=True)
         except OmegaConfBaseException as err:
@@ -69,38 +50,39 @@ def _resume(resume: str, hydra_cfg) -> tuple:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://metarl.experiments", config_name="config")
-def app(composed) -> Optional[float]:
-    """Hydra's task: one run, or one job of a sweep (whose return value, the job's best fitness, an
-    optimising sweeper can search on)."""
+def app(composed) -> float | None:
+    """Hydra's task: one run, or one job of a sweep (returning its best fitness, for an optimising sweeper)."""
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
         return _sweep().run_job(composed, hydra_cfg)
-    try:  # an exception would reach Hydra, which prints a line of its own: exit here
-        cfg, run_dir, resuming, named = resolve(composed, hydra_cfg)
+    try:  # anything unsafe refused, nothing written; an exception would reach Hydra, which prints its own line
+        if composed.resume:
+            cfg, run_dir, resuming, named = _resume(composed.resume, hydra_cfg)
+        else:  # named: the user chose the run directory; otherwise a new one under checkpoints/
+            cfg = config_lib.from_composed(composed)
+            named = bool(cfg.run_dir)
+            run_dir = Path(cfg.run_dir) if named else unique_dir(config_lib.default_run_dir(cfg.experiment))
+            cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+            resuming = check_existing(cfg, run_dir)
     except ConfigError as err:
         fail(str(err))
     from metarl.run import execute  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
-
-    code = execute(cfg, run_dir, resuming, named)
-    if code:
+    if code := execute(cfg, run_dir, resuming, named):
         raise SystemExit(code)
 
 
 class RunHooks(Callback):
-    """With ``-m``: every job checked before the first starts, the sweep's MLflow run, and the summary
-    (``metarl.sweep``); a job stopped by a stop signal stops the sweep, and the sweep's exit code is its
-    worst job's. Hydra makes one for a single run too, where it checks Hydra's settings. Hydra turns a
-    callback's exception into a warning and goes on, so a failure here exits the process instead."""
+    """With ``-m``: every job checked before the first, the sweep's MLflow run and summary, a job stopped
+    by a stop signal stopping the sweep (``metarl.sweep``); for a single run, Hydra's settings checked.
+    Hydra turns a callback's exception into a warning and goes on, so a failure here exits instead."""
 
-    def __init__(self) -> None:
-        self.parent = None  # the sweep's MLflow run, in the process that runs the sweep (``sweep.start``)
+    parent = None  # the sweep's MLflow run, in the process that runs the sweep (``sweep.start``)
 
     def __getstate__(self) -> dict:
         return {}  # a launcher's worker process gets the hooks without the sweep's MLflow run
 
     def on_run_start(self, config, **kwargs) -> None:
-        """Before Hydra makes its output directory and changes into it (a sweep's job, its directory in
-        the sweep's): the run has its own."""
+        # Before Hydra makes its output directory and changes into it: a run (a sweep's job) has its own.
         if config.hydra.job.chdir:
             fail("hydra.job.chdir: true; allowed: false (a run writes to its run_dir, from the directory it "
                  "was started in)")
@@ -118,14 +100,12 @@ class RunHooks(Callback):
             raise SystemExit(_sweep().finish(config, self.parent, stopped.args[0]))
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        code = _exit_on_error(lambda: _sweep().finish(config, self.parent))
-        if code:
+        if code := _exit_on_error(lambda: _sweep().finish(config, self.parent)):
             raise SystemExit(code)
 
 
 def _sweep():
     from metarl import sweep  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
-
     return sweep
 
 
@@ -166,20 +146,17 @@ def check_arguments(argv: list[str]) -> None:
         elif not key.lstrip("+~"):
             fail(f"argument {arg!r}: {'empty' if not arg else 'no key'}; allowed: an override KEY=VALUE, such "
                  "as es.popsize=4")
-        elif key.lstrip("+~") == "experiment" and not isinstance(_parsed(arg), str | None):  # experiment=4
-            fail(f"argument {arg!r}: not the name of an experiment; allowed: experiment=NAME with NAME one of "
-                 f"{', '.join(config_lib.experiment_names())} (or --config-dir DIR for your own)")
+        elif key.lstrip("+~") == "experiment":  # experiment=4
+            try:
+                name = OverridesParser.create().parse_overrides([arg])[0].value()
+            except HydraException:  # Hydra's own error names it
+                continue
+            if not isinstance(name, str | None):
+                fail(f"argument {arg!r}: not the name of an experiment; allowed: experiment=NAME with NAME one of "
+                     f"{', '.join(config_lib.experiment_names())} (or --config-dir DIR for your own)")
 
 
-def _parsed(override: str):
-    """The value Hydra's grammar reads in ``override`` (None if it cannot read it: Hydra says so)."""
-    try:
-        return OverridesParser.create().parse_overrides([override])[0].value()
-    except HydraException:
-        return None
-
-
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     check_arguments(sys.argv[1:])

@@ -1,10 +1,8 @@
-"""``python -m metarl.evolve -m experiment=NAME KEY=A,B ...``: a sweep, run by Hydra's sweeper and
-launcher (docs/sweeps.md). Each job is one run, as ``python -m metarl.evolve`` with that job's
-overrides would make it, in ``SWEEP_DIR/<job number>``; with the basic sweeper every job is checked
-before the first starts (``start``, from the sweep's Hydra callback). Each job records itself in
-``SWEEP_DIR/jobs/<number>.json`` when it starts and ends, so the summary (``finish``) is the same
-whichever launcher ran the jobs, wherever. A job returns its best fitness, so an optimising sweeper
-can search over a run's settings.
+"""``python -m metarl.evolve -m experiment=NAME KEY=A,B ...``: a sweep by Hydra's sweeper and launcher
+(docs/sweeps.md), each job one run in ``SWEEP_DIR/<job number>``, all checked before the first starts
+(``start``, with the basic sweeper). Jobs record themselves in ``SWEEP_DIR/jobs/<number>.json`` as they
+start and end, so the summary (``finish``) is the same whichever launcher ran them, wherever; each
+returns its best fitness, for an optimising sweeper to search on.
 """
 from __future__ import annotations
 
@@ -19,7 +17,6 @@ import shlex
 import sys
 import traceback
 from pathlib import Path
-from typing import Optional
 
 from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
@@ -28,30 +25,25 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from metarl import config as config_lib
-from metarl.errors import ConfigError
-from metarl import compilation, devices, errors
-from metarl.rundir import RunDir, atomic_write
+from metarl import compilation, config as config_lib, devices, errors
 from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
-from metarl.run import check, execute
+from metarl.errors import ConfigError
 from metarl.logger import PARENT_RUN_ENV, MlflowRun
+from metarl.run import check, execute
+from metarl.rundir import RunDir, atomic_write
 
 JOBS_DIR = "jobs"
 SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
 COLUMNS = ("job", "overrides", "exit_code", "generations", "best", "last_mean", "run_dir")
 # Exit codes of a run stopped by a stop signal (checkpoint saved): the sweep stops too.
 STOPPED = tuple(128 + int(sig) for sig in STOP_SIGNALS)
-
-# The sweep's command line, as Hydra recorded it (``command``): set when the sweep starts, so that it
-# reaches the jobs wherever the launcher runs them.
+# The sweep's command line (``command``), set when it starts: it reaches the jobs wherever they run.
 COMMAND_ENV = "METARL_SWEEP_COMMAND"
 
 
 def command(master) -> list[str]:
-    """The sweep's arguments to ``python -m metarl.evolve`` from Hydra's record of them: ``-m``, the
-    config directories and config name given, Hydra's overrides and the task's."""
-    runtime = master.hydra.runtime
-    dirs = [f"--config-dir={str(s.path).removeprefix('file://')}" for s in runtime.config_sources
+    """The sweep's arguments to ``python -m metarl.evolve``, from Hydra's record of them."""
+    dirs = [f"--config-dir={str(s.path).removeprefix('file://')}" for s in master.hydra.runtime.config_sources
             if s.provider == "command-line"]
     name = [] if master.hydra.job.config_name == "config" else [f"--config-name={master.hydra.job.config_name}"]
     return ["-m", *dirs, *name, *_hydra_overrides(master), *master.hydra.overrides.task]
@@ -62,22 +54,27 @@ def _hydra_overrides(master) -> list[str]:
     return [o for o in OmegaConf.to_container(master.hydra.overrides.hydra) if not o.startswith("hydra.mode")]
 
 
-def job_run_dir(hydra_cfg) -> Path:
-    """A job's run directory: Hydra's output directory for it (``hydra.sweep.dir/hydra.sweep.subdir``)."""
-    return Path(str(hydra_cfg.sweep.dir)) / str(hydra_cfg.sweep.subdir)
-
-
 def run_job(composed, hydra_cfg) -> float:
-    """One job, from Hydra's launcher: its record, its run, its exit code in the record. A job stopped
-    by a stop signal stops the sweep (``Stopped``, which the sweep's Hydra callback hands to ``finish``)."""
-    num, run_dir = int(hydra_cfg.job.num), job_run_dir(hydra_cfg)
-    overrides = [str(o) for o in hydra_cfg.overrides.task]
+    """One job, from Hydra's launcher. A job stopped by a stop signal stops the sweep (``Stopped``,
+    which the sweep's Hydra callback hands to ``finish``)."""
     sweep_dir = Path(str(hydra_cfg.sweep.dir))
+    num, run_dir = int(hydra_cfg.job.num), sweep_dir / str(hydra_cfg.sweep.subdir)
     record = sweep_dir / JOBS_DIR / f"{num}.json"
-    row = {"job": num, "overrides": " ".join(overrides), "exit_code": None, "run_dir": str(run_dir)}
+    overrides = " ".join(str(o) for o in hydra_cfg.overrides.task)
+    row = {"job": num, "overrides": overrides, "exit_code": None, "run_dir": str(run_dir)}
     _write_json(record, row)  # a job killed outright stays in the summary, without an exit code
-    print(f"\nsweep job {num}: {row['overrides'] or '(no overrides)'}", flush=True)
-    row["exit_code"] = _run(composed, run_dir)
+    print(f"\nsweep job {num}: {overrides or '(no overrides)'}", flush=True)
+    try:
+        cfg = dataclasses.replace(config_lib.from_composed(composed), run_dir=str(run_dir))
+        row["exit_code"] = execute(cfg, run_dir, check_existing(cfg, run_dir), named=True)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        row["exit_code"] = EXIT_BAD_INPUT
+    except SystemExit as stop:  # bad input (one line already printed), as a run on its own would exit
+        row["exit_code"] = stop.code if isinstance(stop.code, int) else 1
+    except Exception:  # a failure of this job only: the sweep goes on to the next
+        traceback.print_exc()
+        row["exit_code"] = 1
     _write_json(record, row)
     if row["exit_code"] in STOPPED:
         raise Stopped(row["exit_code"])
@@ -87,28 +84,6 @@ def run_job(composed, hydra_cfg) -> float:
 
 class Stopped(Exception):
     """``Stopped(exit code)``: a job stopped by a stop signal; the sweep stops too (``finish``)."""
-
-
-def _run(composed, run_dir: Path) -> int:
-    try:
-        cfg = dataclasses.replace(config_lib.from_composed(composed), run_dir=str(run_dir))
-        resuming = check_existing(cfg, run_dir)
-        return execute(cfg, run_dir, resuming, named=True)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
-    except SystemExit as stop:  # bad input (one line already printed), as a run on its own would exit
-        return stop.code if isinstance(stop.code, int) else 1
-    except Exception:  # a failure of this job only: the sweep goes on to the next
-        traceback.print_exc()
-        return 1
-
-
-def worst_code(codes: list[int]) -> int:
-    """The exit code that says the most: a failure over success, the higher over the lower. A job
-    killed by a signal has a negative code; it is reported the way a shell would."""
-    codes = [128 - c if c < 0 else c for c in codes]
-    return max(codes, key=lambda c: (c != 0, c))
 
 
 def _write_json(path: Path, data) -> None:
@@ -123,23 +98,19 @@ def _results(run_dir: Path) -> dict:
 
 
 def write_summary(sweep_dir: Path) -> list[dict]:
-    """``SWEEP_DIR/summary.csv`` and ``summary.json`` from the jobs' records and their runs' metrics."""
     records = sorted((sweep_dir / JOBS_DIR).glob("*.json"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
     jobs = [json.loads(path.read_text()) for path in records]
     rows = [{k: row.get(k) for k in COLUMNS} for row in ({**job, **_results(Path(job["run_dir"]))} for job in jobs)]
     _write_json(sweep_dir / SUMMARY_JSON, rows)
     table = io.StringIO(newline="")
-    writer = csv.DictWriter(table, fieldnames=COLUMNS)
-    writer.writeheader()
-    writer.writerows(rows)
+    csv.writer(table).writerows([COLUMNS, *(row.values() for row in rows)])  # rows: COLUMNS in order
     atomic_write(sweep_dir / SUMMARY_CSV, table.getvalue())
     return rows
 
 
 def _jobs(master) -> tuple[list[list[str]], bool]:
-    """``(jobs, known)``: every job's overrides as the basic sweeper makes them (``known``: the product of
-    each key's values, the sweeper's ``params`` first, a later value of a key replacing an earlier); for
-    another sweeper, whose jobs are known only as it runs, the one set of settings all its jobs share."""
+    """``(jobs, known)``: each job's overrides as the basic sweeper makes them (the product of each key's
+    values, ``params`` first, a later value replacing an earlier); another sweeper's: the settings all share."""
     task = OmegaConf.to_container(master.hydra.overrides.task, resolve=False)
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().hydra.config_loader)
     if master.hydra.runtime.choices.get("hydra/sweeper") != "basic":
@@ -154,14 +125,11 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
 
 
 def start(master):
-    """Before the first job: the sweep's own checks, then every job composed and checked as it will run
-    (its config, its run directory, its task, devices and memory), exiting with one line on the first
-    bad one, naming the job; not ``known`` (another sweeper): the settings the jobs share. Then the
-    sweep's MLflow run, if its jobs log to MLflow (``open_mlflow_parent``), which it returns."""
+    """Before the first job: every job (for another sweeper, the settings they share) composed and checked
+    as it will run, exiting with one line naming the first bad job. Returns ``open_mlflow_parent``'s."""
     if master.get("resume"):
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
              "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
-    hydra_overrides = _hydra_overrides(master)
     sweep_dir = Path(str(master.hydra.sweep.dir))
     config_lib.check_run_dir(str(sweep_dir), "run_dir")
     if RunDir(sweep_dir).has_config():
@@ -178,11 +146,11 @@ def start(master):
         swept = " ".join(o for o in job if o not in shared)
         where = (f" (sweep job {num}" + (f": {swept})" if swept else ")")) if known else " (the sweep's settings)"
         try:
-            job_cfg = compose("config", [*hydra_overrides, *job], return_hydra_config=True)
+            job_cfg = compose("config", [*_hydra_overrides(master), *job], return_hydra_config=True)
             with open_dict(job_cfg):
                 job_cfg.hydra.job.num = num
                 job_cfg.hydra.sweep.dir = str(sweep_dir)
-            run_dir = job_run_dir(job_cfg.hydra)
+            run_dir = sweep_dir / str(job_cfg.hydra.sweep.subdir)
             if run_dir in seen:
                 fail(f"hydra.sweep.subdir: jobs {seen[run_dir]} and {num} would share the run directory {run_dir}; "
                      "allowed: a subdir that differs per job, such as ${hydra.job.num}")
@@ -191,10 +159,9 @@ def start(master):
             if known:
                 check_existing(cfg, run_dir)
             if in_process and devices.distributed_settings(cfg.devices)[0] > 1:
-                fail("devices.num_processes: this process would join a multi-host run for each job, and a "
-                     "process joins one only; allowed: 1 or auto (one process on this machine uses every "
-                     "core), or a launcher that runs each job in processes of its own "
-                     "(hydra/launcher=submitit_slurm)")
+                fail("devices.num_processes: this process would join a multi-host run for each job, and a process "
+                     "joins one only; allowed: 1 or auto (one process on this machine uses every core), or a "
+                     "launcher that runs each job in processes of its own (hydra/launcher=submitit_slurm)")
             devices.use_cpu_cores(cfg.devices.num_cpu_devices)  # before JAX starts; the jobs share them
             check(cfg, setup_devices=False)
             cfgs.append(cfg)
@@ -204,58 +171,49 @@ def start(master):
             fail(str(errors.one_line(err)) + where)
     count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
     print(f"sweep: {count} in {sweep_dir}", flush=True)
-    args = command(master)
-    os.environ[COMMAND_ENV] = shlex.join(args)
-    return open_mlflow_parent(cfgs, known, sweep_dir, args)
+    os.environ[COMMAND_ENV] = shlex.join(command(master))
+    return open_mlflow_parent(cfgs, known, sweep_dir, os.environ[COMMAND_ENV])
 
 
-def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, argv: list[str]):
-    """The sweep's MLflow run, when its jobs log to MLflow: the parent of their runs, which are nested
-    under it through ``PARENT_RUN_ENV`` (an environment variable, so that it reaches jobs that other
-    processes run). It holds, as parameters, the settings every job shares (known jobs only: another
-    sweeper's are not known in advance). A sweep continued in the same directory continues it.
-    Returns ``(the run, what PARENT_RUN_ENV was before it)``, or None."""
+def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, command_line: str):
+    """The sweep's MLflow run, if its jobs log to MLflow: their runs' parent through ``PARENT_RUN_ENV``, which
+    reaches jobs in other processes; its parameters, the settings every job shares; continued by a sweep
+    continued. Returns ``(the run, what PARENT_RUN_ENV was before it)``, or None."""
     enabled = [cfg for cfg in cfgs if cfg.logger.mlflow.mode == "enabled"]
     if not enabled:
         return None
     flat = [config_lib.flatten(cfg.to_dict()) for cfg in cfgs]
     shared = {k: v for k, v in flat[0].items() if all(k in f and f[k] == v for f in flat[1:])} if known else {}
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    outer = os.environ.get(PARENT_RUN_ENV)
     parent = MlflowRun(enabled[0].logger.mlflow, enabled[0].experiment, sweep_dir, sweep_dir.name, shared,
-                       {"metarl.sweep_dir": str(sweep_dir), "metarl.command": shlex.join(argv)},
-                       lambda text: print(text, flush=True), parent_id=os.environ.get(PARENT_RUN_ENV))
+                       {"metarl.sweep_dir": str(sweep_dir), "metarl.command": command_line},
+                       lambda text: print(text, flush=True), parent_id=outer)
     if not parent.active:
         return None
-    outer = os.environ.get(PARENT_RUN_ENV)
     os.environ[PARENT_RUN_ENV] = parent.run_id
     return parent, outer
 
 
-def _end_mlflow(opened, sweep_dir: Path, rows: list[dict], stopped: bool) -> None:
-    """The summary on the sweep's MLflow run (``opened``: ``open_mlflow_parent``'s), which then ends."""
-    if opened is None:
-        return
-    parent, outer = opened
-    scored = [r for r in rows if r["best"] is not None and math.isfinite(r["best"])]
-    if scored:
-        best = max(scored, key=lambda r: r["best"])
-        values = {"best": best["best"], "best_job": best["job"], "best_job_last_mean": best["last_mean"]}
-        parent.log_metrics({k: v for k, v in values.items() if v is not None}, step=0)
-        parent.send("tagging the run", "set_tag", "best_overrides", best["overrides"])
-    parent.log_files([sweep_dir / SUMMARY_CSV, sweep_dir / SUMMARY_JSON], None)
-    failed = any(r["exit_code"] != 0 for r in rows)
-    parent.finish("KILLED" if stopped else "FAILED" if failed else "FINISHED")
-    os.environ.pop(PARENT_RUN_ENV, None)
-    if outer is not None:
-        os.environ[PARENT_RUN_ENV] = outer
-
-
-def finish(master, parent, stopped: Optional[int] = None) -> int:
+def finish(master, opened, stopped: int | None = None) -> int:
     """After the last job, or after a job ``stopped`` by a stop signal (its exit code): the summary, the
     sweep's MLflow run (``start``'s) ended, and the sweep's exit code (the worst job's, or ``stopped``)."""
     sweep_dir = Path(str(master.hydra.sweep.dir))
     rows = write_summary(sweep_dir)
-    _end_mlflow(parent, sweep_dir, rows, stopped=stopped is not None)
+    failed = sum(r["exit_code"] != 0 for r in rows)
+    if opened is not None:  # the summary on the sweep's MLflow run (``open_mlflow_parent``'s), which then ends
+        parent, outer = opened
+        scored = [r for r in rows if r["best"] is not None and math.isfinite(r["best"])]
+        if scored:
+            best = max(scored, key=lambda r: r["best"])
+            values = {"best": best["best"], "best_job": best["job"], "best_job_last_mean": best["last_mean"]}
+            parent.log_metrics({k: v for k, v in values.items() if v is not None}, step=0)
+            parent.send("tagging the run", "set_tag", "best_overrides", best["overrides"])
+        parent.log_files([sweep_dir / SUMMARY_CSV, sweep_dir / SUMMARY_JSON], None)
+        parent.finish("KILLED" if stopped is not None else "FAILED" if failed else "FINISHED")
+        os.environ.pop(PARENT_RUN_ENV, None)
+        if outer is not None:
+            os.environ[PARENT_RUN_ENV] = outer
     if stopped is not None:
         print(f"\nsweep stopped: {len(rows)} job(s); summary in {sweep_dir / SUMMARY_CSV}", flush=True)
         again = [a for a in shlex.split(os.environ.get(COMMAND_ENV, ""))
@@ -263,7 +221,9 @@ def finish(master, parent, stopped: Optional[int] = None) -> int:
         print(f"continue with: python -m metarl.evolve {shlex.join([*again, f'run_dir={sweep_dir}'])}",
               file=sys.stderr, flush=True)
         return stopped
-    failed = sum(r["exit_code"] != 0 for r in rows)
     print(f"\nsweep done: {len(rows)} job(s), {failed} failed or unfinished; summary in {sweep_dir / SUMMARY_CSV}",
           flush=True)
-    return worst_code([r["exit_code"] if isinstance(r["exit_code"], int) else 1 for r in rows] or [0])
+    # The code that says the most: a failure over success, the higher over the lower; a job killed by a
+    # signal has a negative code, reported the way a shell would; one without a code (killed outright) 1.
+    codes = [(128 - c if c < 0 else c) if isinstance(c, int) else 1 for c in (r["exit_code"] for r in rows)]
+    return max(codes or [0], key=lambda c: (c != 0, c))
