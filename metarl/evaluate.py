@@ -1,15 +1,11 @@
 """``python -m metarl.evaluate run_dir=RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_cpu_devices=auto]
-[distilled=K]``: the learned component against the hand-designed baseline on fresh seeds, on the tasks the
-run trained on and on its held-out ``eval_tasks`` (or on ``tasks=[...]``, or on one ``env``/``total_timesteps``).
-``distilled=K`` adds formula K of the run's ``metarl.distill`` front (RUN_DIR/distill.json) as a third side.
-
-Per task, ``num_seeds`` agents per side, each side one vmapped, jitted call, and a random policy. Prints
-the final returns (mean episode return over the last 10% of updates) with 95% CIs, the normalised score
-(R - random) / (baseline - random), Welch's p and, per split, the IQM of the normalised scores with
-stratified-bootstrap CIs and the probability of improvement (``metarl.stats``). Writes
-RUN_DIR/evaluation[SUFFIX].json and RUN_DIR/figures/evaluation[SUFFIX]*.png (a suffix per setting, so
-other settings never overwrite them). The agents are split over the devices, on a CPU one per usable
-core (``num_cpu_devices=auto``, as a run's ``devices.num_cpu_devices``). docs/results.md.
+[distilled=K]``: the learned component against the baseline on fresh seeds, on the tasks the run trained on and
+its held-out ``eval_tasks`` (or ``tasks=[...]``, or one ``env``/``total_timesteps``); ``distilled=K`` adds
+formula K of the run's ``metarl.distill`` front as a side. Per task, ``num_seeds`` agents per side (one vmapped,
+jitted call each, split over the devices) and a random policy. Prints the final returns with 95% CIs, the
+normalised score (R - random) / (baseline - random), Welch's p and, per split, the IQM of the normalised scores
+with stratified-bootstrap CIs and the probability of improvement (``metarl.stats``). Writes the report and its
+figures into the run directory, a suffix per setting so that other settings never overwrite them.
 """
 from __future__ import annotations
 

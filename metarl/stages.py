@@ -62,20 +62,14 @@ def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Resto
 
 # --- the reference returns ---------------------------------------------------------------------------
 
-def normalization(cfg, num_tasks: int) -> str:
-    """The run's normalisation: as configured, else ``baseline`` with several tasks, ``none`` with one."""
-    if cfg.fitness.normalize is not None:
-        return cfg.fitness.normalize
-    return "baseline" if num_tasks > 1 else "none"
-
-
 def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown: bool = False,
               tuned: Optional[dict] = None) -> Optional[dict]:
     """The reference a run normalises against (None without ``normalize=baseline``): the one stored in
     its directory for these tasks and this baseline, or measured now (and stored by process 0;
     ``shown``: with a progress bar), then described through ``message``. ``tuned``: the tuned
     baseline's hyperparameters, which ``task``'s baseline trains with."""
-    if normalization(cfg, len(task.specs)) != "baseline":
+    # fitness.normalize: null normalises with several tasks, not with one
+    if (cfg.fitness.normalize or ("baseline" if len(task.specs) > 1 else "none")) != "baseline":
         return None
     stored = run_dir.reference.read()
     if stored is None or stored.get("tasks") != list(task.names) or stored.get("tuned") != tuned:
