@@ -58,4 +58,4 @@ def load_best(run_dir: str | Path) -> Best:
     _, task = load_run(run_dir)
     meta, info = RunDir(run_dir).read_best(task.template)
     return Best(kind=task.kind.name, component=task.component, meta_params=meta, inner_config=task.inner_config,
-                info=info, train=task.make_train(meta), values=task.kind.values(task.component, meta))
+                info=info, train=task.trainers[0](meta), values=task.kind.values(task.component, meta))
