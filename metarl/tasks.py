@@ -19,9 +19,7 @@ import numpy as np
 from metarl import kinds
 from metarl.config import RunConfig
 from metarl.errors import ConfigError, layer_errors, layer_path
-from metarl.inner_loops import envs as envs_lib
-from metarl.inner_loops import trainer as trainer_protocol
-from metarl.inner_loops import plugins
+from metarl.inner_loops import envs as envs_lib, plugins, trainer as trainer_protocol
 from metarl.outer_loops.fitness import statistic_fn, task_key
 
 # The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
