@@ -33,8 +33,7 @@ SINGLE_AGENT_CPU_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigne
 
 
 def compiler_options() -> dict:
-    """The options metarl compiles its programs with: ``CPU_COMPILER_OPTIONS`` on a CPU and
-    ``GPU_COMPILER_OPTIONS`` on a GPU, each unless ``XLA_FLAGS`` sets that option itself."""
+    """The options metarl compiles its programs with, each unless ``XLA_FLAGS`` sets that option itself."""
     options = {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS}.get(jax.default_backend(), {})
     flags = os.environ.get("XLA_FLAGS", "")
     return {k: v for k, v in options.items() if k not in flags}

@@ -37,7 +37,6 @@ class Kind:
         return self.name
 
     def figures(self, *args) -> list:
-        """The kind's figures of a run (``plot``, imported first when it is a dotted path)."""
         with layer_errors("kind"):
             plot = plugins.locate(self.plot) if isinstance(self.plot, str) else self.plot
         return plot(*args)
@@ -85,9 +84,8 @@ class Hyperparams(Kind):
         if plugins.TARGET in spec:
             raise ConfigError(f"component._target_: {spec[plugins.TARGET]!r} with kind hyperparams; allowed: "
                               f"a component class for kinds {', '.join(n for n, k in KINDS.items() if k.seam)}")
-        for key in spec:
-            if key != "search":
-                raise ConfigError(f"component.{key}: unknown setting; allowed: kind, search")
+        for key in [k for k in spec if k != "search"]:
+            raise ConfigError(f"component.{key}: unknown setting; allowed: kind, search")
         with layer_errors("component"):
             return HyperparamSpace.from_config(spec.get("search", {}), trainer_fields)
 
@@ -104,8 +102,6 @@ class Hyperparams(Kind):
         return {k: float(v) for k, v in component.decode(meta).items()}
 
 
-# --- the registry --------------------------------------------------------------------------------------
-
 KINDS: dict[str, Kind] = {}
 
 
@@ -119,16 +115,15 @@ def get(name: Any) -> Kind:
     """The kind ``component.kind`` names: a registered name, or the dotted path of a ``Kind`` in a
     module of your own (``my_pkg.kinds.STEP_SCALE``), registered here, so that the command line and a
     saved config reach it without code."""
+    allowed = f"allowed: {', '.join(KINDS)}, or the dotted path of a metarl.kinds.Kind"
     if isinstance(name, str) and name not in KINDS and "." in name:
         with layer_errors("kind"):
             found = plugins.locate(name)
         if not isinstance(found, Kind):
-            raise ConfigError(f"component.kind: {name} is a {type(found).__name__}, not a Kind; allowed: "
-                              f"{', '.join(KINDS)}, or the dotted path of a metarl.kinds.Kind")
+            raise ConfigError(f"component.kind: {name} is a {type(found).__name__}, not a Kind; {allowed}")
         return KINDS.setdefault(name, dataclasses.replace(found, name=name))
     if name not in KINDS:
-        raise ConfigError(f"component.kind: {name!r}; allowed: {', '.join(KINDS)}, or the dotted path of a "
-                          "metarl.kinds.Kind")
+        raise ConfigError(f"component.kind: {name!r}; {allowed}")
     return KINDS[name]
 
 

@@ -13,15 +13,14 @@ from typing import Any, Callable
 
 from metarl import rundir
 from metarl.config import RunConfig, from_dict, with_tuned
-from metarl.rundir import RunDir
 from metarl.tasks import build_task
 
 
 def load_config(run_dir: str | Path, tuned: bool = True) -> RunConfig:
     """The run's saved config, checked as a new one is (``ConfigError`` names what is wrong), with its
     tuned baseline's hyperparameters in ``inner`` where it tuned one (``tuned=False``: as configured)."""
-    cfg = from_dict(RunDir(run_dir).read_config())
-    return with_tuned(cfg, RunDir(run_dir).tuned.read()) if tuned else cfg
+    cfg = from_dict(rundir.RunDir(run_dir).read_config())
+    return with_tuned(cfg, rundir.RunDir(run_dir).tuned.read()) if tuned else cfg
 
 
 def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = None):
@@ -34,7 +33,7 @@ def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = No
 
 def history(run_dir: str | Path) -> list[dict]:
     """Per-generation records: the run's metrics, or the latest checkpoint's copy if that is longer."""
-    records = RunDir(run_dir).metrics()
+    records = rundir.RunDir(run_dir).metrics()
     with contextlib.suppress(rundir.CheckpointError):
         ckpt = rundir.Checkpointer(run_dir, write=False)
         if ckpt.latest_step() is not None:
@@ -56,6 +55,6 @@ class Best:
 
 def load_best(run_dir: str | Path) -> Best:
     _, task = load_run(run_dir)
-    meta, info = RunDir(run_dir).read_best(task.template)
+    meta, info = rundir.RunDir(run_dir).read_best(task.template)
     return Best(kind=task.kind.name, component=task.component, meta_params=meta, inner_config=task.inner_config,
-                info=info, train=task.make_train(meta), values=task.kind.values(task.component, meta))
+                info=info, train=task.trainers[0](meta), values=task.kind.values(task.component, meta))

@@ -26,7 +26,7 @@ def iqm(scores: np.ndarray) -> float:
 def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
     """P(X > Y) per task from the Mann-Whitney U statistic (ties count half), averaged over tasks; 0.5
     on a task whose two columns are equal."""
-    import scipy.stats  # a second to import, which a run (it needs only ``t_interval``) does without
+    import scipy.stats  # as in iqm
 
     per_task = [0.5 if np.array_equal(a, b) else
                 scipy.stats.mannwhitneyu(a, b, alternative="greater").statistic / (len(a) * len(b))
@@ -49,10 +49,8 @@ def interval(statistic: Callable[..., float], scores: tuple[np.ndarray, ...], re
     """``statistic(*scores)`` and its stratified bootstrap interval of coverage ``size`` from ``reps``
     replicates: ``(point, [lower, upper])``."""
     columns = [np.arange(s.shape[1])[None, :] for s in scores]
-    results = np.empty(reps)
-    for rep in range(reps):
-        resampled = [s[rng.choice(s.shape[0], s.shape, replace=True), c] for s, c in zip(scores, columns)]
-        results[rep] = statistic(*resampled)
+    results = [statistic(*[s[rng.choice(s.shape[0], s.shape, replace=True), c] for s, c in zip(scores, columns)])
+               for _ in range(reps)]
     alpha = (1.0 - size) / 2
     lower, upper = np.percentile(results, [100 * alpha, 100 * (1.0 - alpha)])
     return float(statistic(*scores)), [float(lower), float(upper)]

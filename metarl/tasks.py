@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +19,7 @@ import numpy as np
 from metarl import kinds
 from metarl.config import RunConfig
 from metarl.errors import ConfigError, layer_errors, layer_path
-from metarl.inner_loops import envs as envs_lib
-from metarl.inner_loops import trainer as trainer_protocol
-from metarl.inner_loops import plugins
+from metarl.inner_loops import envs as envs_lib, plugins, trainer as trainer_protocol
 from metarl.outer_loops.fitness import statistic_fn, task_key
 
 # The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
@@ -33,21 +31,10 @@ TRAINERS = {
 }
 
 
-def trainer_module(config_cls):
-    """The module holding a trainer config class; it must provide ``make_train(config, ...)``."""
-    module = importlib.import_module(config_cls.__module__)
-    if not callable(getattr(module, "make_train", None)):
-        raise ConfigError(f"inner._target_: {config_cls.__module__} has no make_train(config); allowed: a "
-                          "config class whose module defines make_train(config) -> train(key, meta_params=None)")
-    return module
-
-
 def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
-    """The trainer's own config for one task: ``cfg.inner`` with the task's ``inner`` on top, validated
-    (errors name ``inner.X``, or ``tasks[i].inner.X`` for a task's own setting).
-
-    Returns ``(name, module, config)``: ``inner.algo`` names a shipped trainer, ``inner._target_``
-    (which wins) the config class of one of your own."""
+    """``(name, module, config)``: the trainer's config for one task, ``cfg.inner`` with the task's ``inner``
+    on top, validated (errors name ``inner.X``, or ``tasks[i].inner.X`` for a task's own setting).
+    ``inner.algo`` names a shipped trainer, ``inner._target_`` (which wins) the config class of your own."""
     spec = spec or task_specs(cfg)[0]
     inner = dict(cfg.inner)
     algo = inner.pop("algo", "ppo")
@@ -61,16 +48,13 @@ def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
         algo, field = target, "inner._target_"
     for key in {"env", "env_kwargs"} & set(inner):
         raise ConfigError(f"inner.{key}: set the environment with the top-level `env` (or `tasks`)")
-    for key in spec.inner:
-        if key in ("algo", plugins.TARGET, "env", "env_kwargs"):
-            raise ConfigError(f"{spec.path}.inner.{key}: set for the whole run; allowed: the trainer's own "
-                              "settings (total_timesteps, num_envs, num_steps, hidden, ...)")
+    for key in [k for k in spec.inner if k in ("algo", plugins.TARGET, "env", "env_kwargs")]:
+        raise ConfigError(f"{spec.path}.inner.{key}: set for the whole run; allowed: the trainer's own "
+                          "settings (total_timesteps, num_envs, num_steps, hidden, ...)")
     inner.update(spec.inner)
     env_field = "env" if spec.path == "env" else f"{spec.path}.env"
 
-    def field_of(key: str) -> str:
-        """Where trainer setting ``key`` was set: the trainer's class, the task's env (``env.ARG``), the
-        task's own ``inner`` or the run's."""
+    def field_of(key: str) -> str:  # the trainer's class, the task's env (env.ARG), its own inner or the run's
         if key == plugins.TARGET:
             return field
         if key.split(".")[0] == "env":
@@ -79,30 +63,25 @@ def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
 
     with layer_errors(field_of):  # the trainer, its environment and its config name their own settings
         config_cls = plugins.locate(target)
-        module = trainer_module(config_cls)
+        module = importlib.import_module(config_cls.__module__)
+        if not callable(getattr(module, "make_train", None)):
+            raise ConfigError(f"inner._target_: {config_cls.__module__} has no make_train(config); allowed: a "
+                              "config class whose module defines make_train(config) -> train(key, meta_params=None)")
         envs_lib.build(spec.env, spec.env_args or (), "env" if spec.env_args is None else "env._target_")
         env = {"env": spec.env, "env_kwargs": spec.env_args or ()}  # for a config class that takes them
         env = {k: v for k, v in env.items() if k in plugins.constructor_arguments(config_cls)[0]}
         config = plugins.instantiate(target, inner, injected=env)
         if callable(getattr(config, "validate", None)):
             config.validate()
-    if spec.path != "env":
-        _check_whole_updates(config, spec)
+    # A task's budget must be the frames really trained (a whole number of the trainer's updates), so
+    # that budgets compared across tasks (say 4x longer) mean what they say.
+    total, trained = getattr(config, "total_timesteps", None), trainer_protocol.frames_per_run(config)
+    if spec.path != "env" and total is not None and trained and total != trained:
+        step = trained // max(1, trainer_protocol.num_updates(config)) or total
+        raise ConfigError(f"{spec.path}.inner.total_timesteps: {total} is not a whole number of updates of "
+                          f"{step} frames; allowed: a multiple of {step} such as {trained} or {trained + step}")
     return algo, module, config
 
-
-def _check_whole_updates(config, spec) -> None:
-    """A task's budget must be the frames really trained (a whole number of the trainer's updates), so
-    that budgets compared across tasks (say 4x longer) mean what they say."""
-    total, trained = getattr(config, "total_timesteps", None), trainer_protocol.frames_per_run(config)
-    if total is None or not trained or total == trained:
-        return
-    step = trained // max(1, trainer_protocol.num_updates(config)) or total
-    raise ConfigError(f"{spec.path}.inner.total_timesteps: {total} is not a whole number of updates of {step} "
-                      f"frames; allowed: a multiple of {step} such as {trained or step} or {trained + step}")
-
-
-# --- tasks -------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
@@ -132,11 +111,9 @@ def task_specs(cfg: RunConfig, field: str = "tasks") -> list[TaskSpec]:
         if not isinstance(item, (str, dict)):
             raise ConfigError(f"{path}: {item!r}; allowed: an env id or a mapping of {', '.join(TASK_KEYS)}")
         specs.append(_spec({"env": item} if isinstance(item, str) else item, path, f"{path}.env"))
-    names = [s.name for s in specs]
     for i, spec in enumerate(specs):
-        if spec.name in names[:i]:
-            raise ConfigError(f"{spec.path}.name: {spec.name!r} names two tasks; allowed: a unique `name` "
-                              "for each")
+        if spec.name in [s.name for s in specs[:i]]:
+            raise ConfigError(f"{spec.path}.name: {spec.name!r} names two tasks; allowed: a unique `name` for each")
     return specs
 
 
@@ -154,11 +131,9 @@ def _spec(item: dict, path: str, env_field: str) -> TaskSpec:
 def default_name(env: str, args: tuple | None, inner: dict) -> str:
     """The environment's label (``envs.label``), with the task's own trainer settings in brackets:
     ``CartPole-v1[num_envs=8]``."""
-    return envs_lib.label(env, args) + ("[" + ",".join(f"{k}={v}" for k, v in sorted(inner.items())) + "]"
-                                        if inner else "")
+    settings = ",".join(f"{k}={v}" for k, v in sorted(inner.items()))
+    return envs_lib.label(env, args) + (f"[{settings}]" if inner else "")
 
-
-# --- the task --------------------------------------------------------------------------------------
 
 @dataclasses.dataclass
 class Task:
@@ -189,15 +164,10 @@ class Task:
         """The first task's trainer config (the only one for a one-task run)."""
         return self.inner_configs[0]
 
-    def make_train(self, meta, i: int = 0):
-        """``train(key) -> (params, metrics)`` on task ``i`` with meta-parameters ``meta``."""
-        return self.trainers[i](meta)
-
 
 def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
-    """Everything checked and built before any compilation; raises ConfigError on bad settings.
-
-    ``specs`` replaces the run's own tasks (e.g. its held-out ``eval_tasks``)."""
+    """Everything checked and built before any compilation; raises ConfigError on bad settings. ``specs``
+    replaces the run's own tasks (e.g. its held-out ``eval_tasks``)."""
     specs = task_specs(cfg) if specs is None else specs
     kind = kinds.get(cfg.component.get("kind"))
     configs = [inner_config(cfg, spec) for spec in specs]
@@ -220,46 +190,35 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
         # Every task in one program; task i trains from its own stream of the seed key.
         return jnp.stack([stat(train(task_key(key, i))[1]["episode_return"]) for i, train in enumerate(trains)])
 
-    def fitness_fn(meta, key):
-        return score([make(meta) for make in trainers], key)
-
-    def control_fn(key):  # the hand-designed baseline, scored on a seed key as a member is
-        return score(baselines, key)
-
     return Task(kind=kind, algo=algo, component=component, trainer=module, specs=specs, inner_configs=inners,
-                template=template, init_mean=init_mean, fitness_fn=fitness_fn, statistic=stat,
-                frames_per_eval=sum(trainer_protocol.frames_per_run(inner) for inner in inners), trainers=trainers,
-                baselines=baselines, control_fn=control_fn, describe_search=describe_search)
+                template=template, init_mean=init_mean, statistic=stat, trainers=trainers, baselines=baselines,
+                fitness_fn=lambda meta, key: score([make(meta) for make in trainers], key),
+                control_fn=lambda key: score(baselines, key), describe_search=describe_search,
+                frames_per_eval=sum(trainer_protocol.frames_per_run(inner) for inner in inners))
 
-
-# --- memory -------------------------------------------------------------------------------------------
 
 # XLA keeps temporaries (minibatches, activations, scan carries) beside the storage; a rough factor, set so
 # that the estimate sits just above the peak memory measured on a GPU (docs/studies/speed.md, "On a GPU").
 _XLA_OVERHEAD = 2
 
 
-def check_memory(cfg: RunConfig, task: Task, available_bytes: Optional[int], members_here: int) -> int:
-    """Refuse a generation that cannot fit; returns the estimate in bytes.
+def check_memory(cfg: RunConfig, task: Task, available_bytes: int | None, members_here: int) -> int:
+    """Refuse a generation that cannot fit; returns the estimate in bytes. Rough on purpose: it is meant to
+    catch a setting off by orders of magnitude before it compiles, not to budget a run.
 
-    One generation trains ``members_here`` (this device's share of es.popsize) x fitness.num_seeds
-    agents at once, vmapped, and with ``fitness.control`` one control per seed beside them on every
-    device, so, in float32 bytes:
+    One generation trains ``members_here`` (this device's share of es.popsize) x fitness.num_seeds agents at
+    once, vmapped, and with ``fitness.control`` one control per seed beside them on every device, so, in
+    float32 bytes:
         4 * (members_here + control) * num_seeds * run_floats * 2 (XLA's temporaries, _XLA_OVERHEAD)
         + 4 * es.popsize * num_dims * 3 (population, noise, shaped fitness) [+ 4 * num_dims^2 * 2 for CMA_ES]
     where run_floats is one member's training storage, all its tasks together (each trainer config's
-    ``memory_floats()``; a trainer that declares none is left out, with a warning).
-    Rough on purpose: it is meant to catch a setting that is off by orders of magnitude before it
-    compiles, not to budget a run.
-    """
+    ``memory_floats()``; a trainer that declares none is left out, with a warning)."""
     floats = [trainer_protocol.memory_floats(inner) for inner in task.inner_configs]
-    if None in floats:
-        if available_bytes:  # a check would run: say what it leaves out
-            print(f"warning: inner._target_: {task.algo} declares no memory_floats(), so the memory check counts "
-                  "the search only, not the trainings; add memory_floats() -> int (floats one training holds) "
-                  "to its config class", file=sys.stderr)
-        floats = [f or 0 for f in floats]
-    run_floats = sum(floats)  # every task at once
+    if None in floats and available_bytes:  # a check would run: say what it leaves out
+        print(f"warning: inner._target_: {task.algo} declares no memory_floats(), so the memory check counts "
+              "the search only, not the trainings; add memory_floats() -> int (floats one training holds) "
+              "to its config class", file=sys.stderr)
+    run_floats = sum(f or 0 for f in floats)  # every task at once
     num_dims = sum(int(np.size(x)) for x in jax.tree.leaves(task.template))
     es_floats = 3 * cfg.es.popsize * num_dims + (2 * num_dims ** 2 if cfg.es.strategy == "CMA_ES" else 0)
     runs = (members_here + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds
