@@ -103,8 +103,7 @@ class _Recording:
 
 
 def visited_inputs(task, meta, seed: int) -> dict:
-    """Each input's values at the seam over one training per task with the learned component:
-    {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
+    """{input: 1-d array} at the seam over one training per task; rows aligned (one sample of a minibatch each)."""
     recorder = _Recording(task.component)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
@@ -112,7 +111,6 @@ def visited_inputs(task, meta, seed: int) -> dict:
         jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
     value_loss = task.kind is kinds.VALUE_LOSS
-    # The recorded columns: the component's arrays, then the progress of a temporal one.
     named = dict(zip((("value", "old_value", "target") if value_loss else ("ratio", "advantage")) + TEMPORAL_INPUTS,
                      np.concatenate(recorder.rows).T))
     if value_loss:  # the formulas read errors (prediction - target), as components.VALUE_LOSS_INPUTS
@@ -247,8 +245,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
 def distill(run_dir: str | Path, generation: int | str = "best", max_size: int = 25, seed: int = 0,
             evaluations: int = 200_000, samples: int = 2000) -> dict:
     """Fits the exported best (or the best up to kept checkpoint ``generation``); returns and writes the report.
-    Bad input raises ``ConfigError`` (a ``ValueError``) naming the argument; an unreadable run directory,
-    ``ConfigError`` or ``CheckpointError``."""
+    Bad input: ``ConfigError`` (a ``ValueError``) naming the argument; an unreadable run: it or ``CheckpointError``."""
     from metarl import plots  # matplotlib and the run's modules: seconds that --help does without
     from metarl.search import build_evolution
 

@@ -32,9 +32,8 @@ COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_co
 
 
 def eval_keys(run_seed: int, num_seeds: int):
-    """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000): a stream that
-    evolution's ``key(cfg.seed)`` never used. Both sides share the keys (same initial weights and resets), which
-    the unpaired tests ignore, so they are conservative."""
+    """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000: a stream evolution's
+    ``key(cfg.seed)`` never used). Both sides share keys (same init and resets): the unpaired tests are conservative."""
     import jax
 
     root = EVAL_ROOT if run_seed != EVAL_ROOT else EVAL_ROOT + 1
@@ -132,9 +131,8 @@ def _spec_key(spec) -> tuple:
 
 
 def _train_sides(task, sides: list[Side], keys, mesh=None):
-    """Each side per task on ``keys``: one vmapped, jitted call each, agents split over ``mesh`` (agent i on key i
-    however split). Returns ({task: {label: curves (seeds, updates), "random": returns (seeds,)}},
-    {task: {label: run seconds}}, compile seconds)."""
+    """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
+    Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -300,8 +298,7 @@ def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix
 
 
 def _suffix(env, total_timesteps, tasks, task) -> str:
-    """A suffix per setting, so that none overwrites another: none for the run's tasks, ``_ENV``/``_FRAMES`` for
-    ``env``/``total_timesteps``, a short digest of the task names for ``tasks``."""
+    """A suffix per setting so none overwrites another: "" (own tasks), ``_ENV``/``_FRAMES``, a digest of ``tasks``."""
     if tasks is not None:
         import hashlib
 
