@@ -33,23 +33,19 @@ from metarl.progress import progress
 FIGURE = "distill.png"
 QUANTILES = (0.005, 0.995)
 SUGGESTED_NMSE = 0.01     # the suggested formula: the smallest that leaves at most 1% of the variance
-# The search's building blocks: smooth ones like the learned networks' tanh, and abs, so that a
-# formula never divides by zero or takes the log of a negative number between the sampled points.
+# Smooth blocks (like the networks' tanh) and abs, so no formula divides by 0 or logs a negative between points.
 OPERATORS = "add,sub,mul,square,tanh,abs,exp,constant,variable"
 # How the inputs read in the figure's legend (error as δ, so that e stays Euler's number).
 LATEX_NAMES = {"error": r"\delta", "old_error": r"\delta_{old}", "target": r"\mathrm{target}", "ratio": "r",
                "advantage": "A", "progress": r"\mathrm{progress}", "log_updates": r"\mathrm{log\_updates}"}
-# The search sees these inputs less their centre: a ratio stays within a few percent of 1, and a formula
-# in ratio - 1 needs no two large numbers that cancel (which rounding would break).
+# Searched less their centre: ratios stay near 1, so ratio - 1 avoids large terms that cancel (and rounding breaks).
 CENTRES = {"ratio": 1}
 
 
 # --- what is distilled ---------------------------------------------------------------------------------
-
 @dataclasses.dataclass
 class Problem:
     """The learned function of one run, seen as a function of named inputs."""
-
     inputs: tuple          # every input the formula component takes (components.VALUE_LOSS_INPUTS / DRIFT_INPUTS)
     variables: tuple       # those the formulas are fitted over, in the columns' order
     fitted: str            # what is fitted, in words
@@ -85,7 +81,6 @@ def function_at(kind, comp, meta, points: dict, config, learned_part: bool = Fal
 
 
 # --- the range training visits ---------------------------------------------------------------------------
-
 class _Recording:
     """The learned component unchanged, keeping the arrays it is applied to (and the progress) in ``rows``."""
 
@@ -108,8 +103,7 @@ class _Recording:
 
 
 def visited_inputs(task, meta, seed: int) -> dict:
-    """Each input's values at the seam over one training per task with the learned component:
-    {input: 1-d array}, rows aligned (one sample of one minibatch each)."""
+    """{input: 1-d array} at the seam over one training per task; rows aligned (one sample of a minibatch each)."""
     recorder = _Recording(task.component)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
@@ -117,7 +111,6 @@ def visited_inputs(task, meta, seed: int) -> dict:
         jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
     value_loss = task.kind is kinds.VALUE_LOSS
-    # The recorded columns: the component's arrays, then the progress of a temporal one.
     named = dict(zip((("value", "old_value", "target") if value_loss else ("ratio", "advantage")) + TEMPORAL_INPUTS,
                      np.concatenate(recorder.rows).T))
     if value_loss:  # the formulas read errors (prediction - target), as components.VALUE_LOSS_INPUTS
@@ -126,9 +119,8 @@ def visited_inputs(task, meta, seed: int) -> dict:
 
 
 def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> tuple[dict, dict]:
-    """``(points, ranges)``: ``samples`` points, half from the visited rows inside the quantile box and
-    half uniform over it. An input that training saw at one value only is held there (moved from
-    ``problem.variables`` to ``problem.fixed``); inputs not fitted sit at 0."""
+    """``(points, ranges)``: ``samples`` points, half visited rows inside the quantile box, half uniform in it. An
+    input seen at one value is held there (moved to ``problem.fixed``); inputs not fitted sit at 0."""
     rng = np.random.default_rng(seed)
     ranges = {}
     for name in problem.variables:
@@ -146,7 +138,6 @@ def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> t
 
 
 # --- the formulas --------------------------------------------------------------------------------------
-
 def search(X: np.ndarray, y: np.ndarray, max_size: int, evaluations: int, seed: int) -> list[str]:
     """Formulas from pyoperon's NSGA-II front of fit (R^2) against length, as text over x0, x1, ..."""
     try:
@@ -162,11 +153,9 @@ def search(X: np.ndarray, y: np.ndarray, max_size: int, evaluations: int, seed: 
 
 
 def readable(text: str, variables: tuple, scale: float):
-    """A searched formula (over x0, x1, ... = the inputs less their ``CENTRES``) simplified with sympy,
-    numbers to 4 significant digits, additive numbers below 1e-3 of the function's scale dropped: the
-    smallest of its forms as parsed, expanded, with common factors pulled out and (without functions
-    such as tanh) simplified. The centres go back in after rounding, so that ``c (ratio - 1)`` keeps
-    both of its numbers equal."""
+    """A searched formula (over x0, x1, ... = inputs less ``CENTRES``) in sympy: numbers to 4 digits, additive ones
+    below 1e-3 of ``scale`` dropped, the smallest of its forms as parsed, expanded, factored and (without functions
+    such as tanh) simplified. Centres go back after rounding, so ``c (ratio - 1)`` keeps both numbers equal."""
     import sympy
 
     def rounded(form):
@@ -207,9 +196,8 @@ def score(problem: Problem, expression: str, points: dict, y: np.ndarray) -> dic
 
 
 def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_000, samples: int = 2000):
-    """Formulas for ``task``'s learned component with ``meta``: ``(report, problem, visited)``, the
-    report holding the front (entries with size, nmse, expression, latex and the formula's component
-    config). A learned function that is not finite where training visits raises ValueError."""
+    """``(report, problem, visited)``; the report's front: size, nmse, expression, latex and component config per
+    formula. A learned function not finite where training visits raises ValueError."""
     import sympy
 
     t = time.perf_counter()
@@ -232,7 +220,6 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     exprs = {}  # by their text: the first of those that read the same
     for expr in (readable(text, problem.variables, scale) for text in found):
         exprs.setdefault(sympy.sstr(expr, full_prec=False), expr)
-    # Each with the config of its formula component (component.*): kind, _target_ and its arguments.
     candidates = [{"size": size(expr), **score(problem, expression, points, y), "expression": expression,
                    "latex": sympy.latex(expr, symbol_names={v: LATEX_NAMES[v.name] for v in expr.free_symbols}),
                    "component": {"kind": task.kind.name, "_target_": task.kind.formula,
@@ -257,10 +244,8 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
 
 def distill(run_dir: str | Path, generation: int | str = "best", max_size: int = 25, seed: int = 0,
             evaluations: int = 200_000, samples: int = 2000) -> dict:
-    """Fit formulas to the run's learned component (the exported best, or the best found up to a kept
-    checkpoint's ``generation``); returns (and writes) the report. Bad input raises ``ConfigError`` (a
-    ``ValueError``) naming the argument; a run directory that cannot be read, ``ConfigError`` or
-    ``CheckpointError``."""
+    """Fits the exported best (or the best up to kept checkpoint ``generation``); returns and writes the report.
+    Bad input: ``ConfigError`` (a ``ValueError``) naming the argument; an unreadable run: it or ``CheckpointError``."""
     from metarl import plots  # matplotlib and the run's modules: seconds that --help does without
     from metarl.search import build_evolution
 
@@ -302,11 +287,9 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
 
 
 # --- the figure ----------------------------------------------------------------------------------------
-
 def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
-    """Value loss: the loss (shifted to 0 at error 0) and its gradient over the error; policy objective:
-    the drift over the ratio at a typical positive and negative advantage. Learned, the drawn
-    formulas and the baseline; a temporal component at 0%, 50% and 100% of training."""
+    """Value loss: the loss (0 at error 0) and its gradient over the error; policy objective: the drift over the
+    ratio at a typical positive and negative advantage. A temporal component at 0%, 50% and 100% of training."""
     from metarl import plots
 
     config, value_loss, front = task.inner_config, task.kind is kinds.VALUE_LOSS, report["front"]
@@ -333,8 +316,7 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
              (*baseline, {}, "baseline")]
 
     def values(comp, m, pts):
-        """A side's value and, for a value loss, its gradient w.r.t. the prediction: elementwise, each
-        sample's own (the prediction moves with the error)."""
+        """Its value and, for a value loss, the per-sample gradient w.r.t. the prediction (moving with the error)."""
         grad = jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())
         return function_at(task.kind, comp, m, pts, config), grad(pts["error"]) if value_loss else None
 
@@ -359,7 +341,6 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
 
 
 # --- the CLI -------------------------------------------------------------------------------------------
-
 def format_report(report: dict) -> str:
     r, search = report, report["search"]
     spec = r["front"][r["suggested"]]["component"]  # the suggested formula's, in code

@@ -26,16 +26,14 @@ from metarl.stats import t_interval
 EVAL_ROOT = 10_000
 FINAL_WINDOW = 0.1
 ALPHA = 0.05
-# Who is tested against whom, where both sides are evaluated: the row's key of Welch's test, the
-# aggregate's key (None: the aggregate itself), the challenger's role and the reference's.
+# Tests run where both sides are evaluated: (row's Welch key, aggregate key or None, challenger, reference).
 COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_configured", "learned", "configured"),
                ("test_formula", "formula", "formula", "baseline"))
 
 
 def eval_keys(run_seed: int, num_seeds: int):
-    """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000): evolution
-    splits ``key(cfg.seed)``, and another root gives a stream it never used. Both sides share the keys
-    (same initial weights and resets), which the unpaired tests ignore, so they are conservative."""
+    """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000: a stream evolution's
+    ``key(cfg.seed)`` never used). Both sides share keys (same init and resets): the unpaired tests are conservative."""
     import jax
 
     root = EVAL_ROOT if run_seed != EVAL_ROOT else EVAL_ROOT + 1
@@ -76,8 +74,7 @@ class Side:
 
 @dataclasses.dataclass
 class Loaded:
-    """A run as the evaluation reads it: its config, every task it evaluates, which of them it trained
-    on, its exported meta-parameters with their info, and the sides to train."""
+    """A run as evaluate reads it; ``on_train[i]``: whether the run trained on task i."""
     cfg: Any
     task: Any
     on_train: list
@@ -92,10 +89,8 @@ class Loaded:
 
 def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None,
           distilled: int | None = None) -> Loaded:
-    """The run and its sides: the learned part, the baseline (the tuned one where the run tuned its
-    baseline, which is then also evaluated as configured) and, with ``distilled``, formula K of the
-    run's distilled front. Evaluated: ``tasks`` if given; else ``env``/``total_timesteps`` as one task;
-    else the run's own tasks followed by its held-out ``eval_tasks``."""
+    """Sides: learned, baseline (the tuned one if the run tuned it, then also as configured), formula K of the
+    distilled front. Tasks: ``tasks``, else ``env``/``total_timesteps`` as one, else the run's then ``eval_tasks``."""
     from metarl import results
     from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
@@ -136,10 +131,8 @@ def _spec_key(spec) -> tuple:
 
 
 def _train_sides(task, sides: list[Side], keys, mesh=None):
-    """Per task, learning curves ``(seeds, updates)`` of each side on ``keys`` (each one vmapped, jitted
-    call, its agents split over ``mesh``), and the random policy's return per seed; returns
-    ({task: {label: curves, "random": returns}}, {task: {label: run seconds}}, compile seconds).
-    Agent i trains from key i however the agents are split."""
+    """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
+    Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -151,12 +144,10 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
     for side in sides:
         for spec, train in zip(task.specs, side.trainers):
             programs[spec.name][side.label] = lambda k, train=train: train(k)[1]["episode_return"]
-    # Task by task: trace its programs, compile them side by side (XLA compiles outside the GIL), run
-    # them, and let them go, so that only one task's executables are held at a time.
+    # Task by task, compiled in threads (XLA compiles outside the GIL): one task's executables held at a time.
     from metarl.progress import progress
 
-    # The agents split over the mesh by XLA's partitioner (jit with shardings): shard_map and pmap of
-    # SpaceInvaders-MinAtar's training crashed XLA's compiler (a segmentation fault) with jax 0.11.2.
+    # Split by jit's shardings: shard_map and pmap of SpaceInvaders-MinAtar's training segfaulted XLA (jax 0.11.2).
     split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
                                      "out_shardings": NamedSharding(mesh, P("pop"))}
     options = compilation.compiler_options()
@@ -178,7 +169,6 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
         with progress(f"{where}training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
             for side, run in compiled.items():
                 t = time.perf_counter()
-                # (seeds, updates), or (seeds,) for the random policy
                 curves[spec.name][side] = np.asarray(jax.device_get(run(keys)), dtype=float)
                 seconds[spec.name][side] = time.perf_counter() - t
                 bar.update()
@@ -187,10 +177,8 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
 
 
 def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> dict:
-    """The interquartile mean of the normalised scores (seeds x tasks) per side, with stratified
-    bootstrap 95% CIs, and the probability that the learned side improves on the baseline
-    (``metarl.stats``: rliable's estimators and bootstrap). The bootstrap is seeded: the same scores
-    give the same CIs."""
+    """IQM of the normalised scores (seeds x tasks) per side and P(learned > baseline), with stratified-bootstrap
+    95% CIs (``metarl.stats``: rliable's). The bootstrap is seeded: the same scores give the same CIs."""
     from metarl import stats
 
     rng, result = np.random.RandomState(0), {"tasks": int(learned.shape[1])}
@@ -204,10 +192,9 @@ def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> di
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_cpu_devices: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None) -> dict:
-    """The evaluation's report (also written to RUN_DIR/evaluation[SUFFIX].json). ``num_cpu_devices``: as
-    a run's ``devices.num_cpu_devices``, set before JAX starts; once it has, the agents are split over
-    the devices it has. Bad input raises ``ConfigError`` (a ``ValueError``) naming the argument; a run
-    directory that cannot be read, ``ConfigError`` or ``CheckpointError``."""
+    """The report (also in RUN_DIR/evaluation[SUFFIX].json). ``num_cpu_devices``: as a run's, set before JAX
+    starts; after, the agents split over the devices JAX has. Bad input raises ``ConfigError`` (a ``ValueError``)
+    naming the argument; an unreadable run directory, ``ConfigError`` or ``CheckpointError``."""
     from metarl import compilation, devices
 
     if tasks is not None and (env or total_timesteps):
@@ -256,8 +243,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
 
 
 def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
-    """Per task, each side's final returns, normalised scores and Welch's tests against the baseline
-    (the learned side's also against the configured baseline); per split, the IQMs (``aggregate``)."""
+    """Per task, each side's final returns, normalised scores and ``COMPARISONS``; per split, ``aggregate``."""
     from metarl.outer_loops.fitness import final_window_mean, spans
 
     task, labels = loaded.task, {side.role: side.label for side in loaded.sides}
@@ -312,9 +298,7 @@ def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix
 
 
 def _suffix(env, total_timesteps, tasks, task) -> str:
-    """One output per evaluation setting, so evaluations at other settings never overwrite each other:
-    no suffix for the run's own tasks, ``_ENV``/``_FRAMES`` for ``env``/``total_timesteps``, and a short
-    digest of the task names for a ``tasks`` list."""
+    """A suffix per setting so none overwrites another: "" (own tasks), ``_ENV``/``_FRAMES``, a digest of ``tasks``."""
     if tasks is not None:
         import hashlib
 

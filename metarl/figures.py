@@ -39,8 +39,7 @@ def _fixed_at_zero(inputs) -> str:
 
 
 def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
-    """The loss and its gradient over the error (through training where it is temporal), and a heatmap
-    over the error and each of its other inputs."""
+    """The loss and its gradient over the error (through training if temporal); a heatmap per other input."""
     comp, progress_of = task.component, _progress_at(task)
     temporal = getattr(comp, "temporal", False)
     fixed = (f"best meta-parameters of generation {info.get('generation')} "
@@ -131,10 +130,8 @@ def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, error_ran
 
 
 def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple | None = None) -> list[Path]:
-    """Write every figure that applies to ``run_dir`` into ``run_dir/figures``; returns their paths:
-    the fitness figures, then the run's kind's own (``metarl.kinds.Kind.plot``). ``loaded``: the run's
-    ``(config, task)`` when the caller has them (``results.load_run``, whose ``CheckpointError`` or
-    ``ConfigError`` otherwise comes through)."""
+    """Writes the fitness figures, then the kind's own (``Kind.plot``), into ``run_dir/figures``; returns the paths.
+    ``loaded``: the run's ``(config, task)``, else ``results.load_run`` (its ``CheckpointError``/``ConfigError``)."""
     run_dir = Path(run_dir)
     cfg, task = loaded or results.load_run(run_dir)
     out = RunDir(run_dir).figures

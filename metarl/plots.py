@@ -1,10 +1,7 @@
-"""Figures of a run: fitness over generations, the learned component, searched hyperparameters and
-evaluation learning curves.
+"""Figures of a run: fitness, the learned component, searched hyperparameters, evaluation learning curves.
 
-Every function returns a ``matplotlib.figure.Figure`` built on the Agg canvas, never through pyplot,
-so nothing is left in pyplot's global state and no display is needed; ``save(fig, path)`` writes it.
-The functions take plain arrays and callables, not run directories: ``metarl.figures`` reads a run and
-calls them.
+Each function takes plain arrays and callables (``metarl.figures`` reads the run) and returns a ``Figure`` on the
+Agg canvas, never through pyplot: no global state, no display needed. ``save(fig, path)`` writes it.
 """
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 
 def _grid(n: int, max_cols: int, width: float, height: float, note: str = "", pad: float = 0.0):
-    """A figure of ``n`` panels of ``width`` x ``height`` inches in rows of at most ``max_cols`` (``pad``:
-    inches more for ``note``) and its panels, in order. The caller labels the first panel's legend."""
+    """(figure, panels): ``n`` of ``width`` x ``height`` inches, ``max_cols`` at most a row, ``pad`` for ``note``."""
     cols = min(max_cols, n)
     rows = -(-n // cols)
     fig = new_figure(width * cols, height * rows + pad, note)
@@ -54,7 +50,6 @@ def _grid(n: int, max_cols: int, width: float, height: float, note: str = "", pa
 
 
 # --- fitness -------------------------------------------------------------------------------------
-
 def _generations(history: Sequence[dict]):
     """The records' generations and ``column(key) -> values`` (NaN where a record lacks ``key`` or holds null)."""
     column = lambda k: np.array([r.get(k) for r in history], dtype=float)
@@ -70,10 +65,9 @@ def _generation_axis(ax, gens: np.ndarray) -> None:
 
 
 def fitness_figure(history: Sequence[dict], title: str = "", paired: bool = False) -> Figure:
-    """Best, mean and median member per generation over the population's q10-q90 and q25-q75 bands,
-    and the best fitness so far. With a control (``fitness.control``), the baseline's fitness on the
-    generation's seeds; ``paired``: the fitness is each member's minus the control's, so the baseline
-    is the line at 0."""
+    """Best, mean and median member per generation over the population's q10-q90 and q25-q75 bands, and the
+    best so far. With ``fitness.control``, the baseline on the generation's seeds; ``paired`` (fitness = member
+    minus control): the baseline is the line at 0."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
     gens, col = _generations(history)
@@ -83,7 +77,7 @@ def fitness_figure(history: Sequence[dict], title: str = "", paired: bool = Fals
     ax.plot(gens, col("mean"), color=LEARNED, lw=2, label="mean")
     ax.plot(gens, col("best"), color="tab:green", lw=1, marker=".", label="best of generation")
     ax.step(gens, col("best_so_far"), where="post", color="black", lw=1, ls="--", label="best so far")
-    if any("control" in r for r in history):  # fitness.control: the baseline on the generation's seeds
+    if any("control" in r for r in history):
         control = np.zeros_like(gens) if paired else col("control")
         ax.plot(gens, control, color=BASELINE, lw=1.5, marker=".",
                 label="baseline (control; fitness paired: member - control)" if paired else "baseline (control)")
@@ -147,7 +141,6 @@ def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure
 
 
 # --- learned value loss ---------------------------------------------------------------------------
-
 def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
     """The learned curve on its own right axis when its scale differs from L2's by over 5x: the
     learned loss has an arbitrary scale, and its shape is what is compared."""
@@ -228,12 +221,10 @@ def _centred(z):
 
 
 # --- learned policy objective ---------------------------------------------------------------------
-
 def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: np.ndarray,
                             ppo_drift: np.ndarray, clip_eps: float, note: str = "") -> Figure:
-    """2x2 heatmaps over ratio r (x) and advantage A (y): top the drift (learned | PPO's
-    relu((r - clip(r)) A)), bottom the objective r A - drift (learned | PPO's clipped objective).
-    Each row shares one colour scale; dashed lines mark PPO's clip range."""
+    """2x2 heatmaps over ratio r (x) and advantage A (y), learned | PPO: top the drift (PPO's relu((r - clip(r)) A)),
+    bottom the objective r A - drift; a colour scale per row, dashed lines at PPO's clip range."""
     fig = new_figure(10, 8, note)
     r, a = np.meshgrid(ratios, advantages)
     rows = (("drift", drift, ppo_drift, "magma", None),
@@ -253,7 +244,6 @@ def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: n
 
 
 # --- distilled formulas -------------------------------------------------------------------------------
-
 def math_label(latex: str) -> str:
     """``$latex$`` when matplotlib's mathtext reads it and it is short enough for a legend line, else ""."""
     if len(latex) > 110:
@@ -266,10 +256,9 @@ def math_label(latex: str) -> str:
 
 
 def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, note: str = "") -> Figure:
-    """A grid of line panels over ``x``: ``rows`` of panels ``{title, ylabel, curves: [(label, y, style)]}``
-    with style ``learned`` (solid), ``formula`` (dashed, one colour each) or ``baseline``; one legend below.
-    Where the baseline's scale differs from the learned curve's by over 5x, the learned curve and the
-    formulas get their own right axis."""
+    """Line panels over ``x``: ``rows`` of ``{title, ylabel, curves: [(label, y, style)]}``, style ``learned``
+    (solid), ``formula`` (dashed, a colour each) or ``baseline``; one legend below. Where the baseline's scale
+    differs from the learned curve's by over 5x, the learned curve and the formulas get a right axis."""
     ncols = max(len(r) for r in rows)
     fig = new_figure(5.5 * ncols, 3.6 * len(rows) + 1.2, note, fontsize=8)
     handles = {}
@@ -298,7 +287,6 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
 
 
 # --- hyperparameters and schedules ----------------------------------------------------------------
-
 def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional[dict], highs: Optional[dict],
                        bounds: dict, log: dict, best: Optional[dict] = None,
                        best_generation: Optional[float] = None, note: str = "") -> Figure:
@@ -335,10 +323,8 @@ def schedule_figure(progress: np.ndarray, curves: dict, baseline: str) -> Figure
 
 
 # --- evaluation -----------------------------------------------------------------------------------
-
 def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") -> Figure:
-    """Mean return per update over seeds with its 95% t-interval per side; ``curves`` maps a label to
-    an array (seeds, updates)."""
+    """Per side (``curves``: label -> (seeds, updates)), the mean return per update with its 95% t-interval."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
     for (label, c), colour in zip(curves.items(), (LEARNED, BASELINE, "tab:green", "tab:red")):
@@ -355,15 +341,14 @@ def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") ->
 
 def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, baseline: str,
                        formula: Optional[str] = None, configured: Optional[str] = None) -> Figure:
-    """Left: each task's normalised score (mean and 95% CI over seeds) for each side, held-out tasks
-    shaded; right: the interquartile mean per split with its stratified bootstrap CI. ``baseline`` is the
-    side the scores are normalised by. ``formula``: a distilled formula, whose aggregates are
-    ``aggregates[split]["formula"]``; ``configured``: the untuned baseline beside a tuned one, whose
-    interquartile mean is ``aggregates[split]["vs_configured"]["iqm_baseline"]``."""
+    """Left: each task's normalised score per side (mean, 95% CI over seeds), held-out tasks shaded; right: the
+    IQM per split with its stratified bootstrap CI. ``baseline``: the side scores are normalised by; ``formula``:
+    a distilled formula (aggregates in ``aggregates[split]["formula"]``); ``configured``: the untuned baseline
+    beside a tuned one (IQM in ``aggregates[split]["vs_configured"]["iqm_baseline"]``)."""
     fig = new_figure(11, 4.2)
     ax, agg = fig.subplots(1, 2, width_ratios=[3, 1])
     x = np.arange(len(rows))
-    # each side: label, colour, and its interquartile mean's key in aggregates[split] (or in a part of it)
+    # each side: label, colour, and its IQM's part of aggregates[split] (None: the split itself) and key
     sides = [(learned, LEARNED, None, "iqm_learned"), (baseline, BASELINE, None, "iqm_baseline")]
     if configured:
         sides.append((configured, "0.55", "vs_configured", "iqm_baseline"))
