@@ -189,8 +189,7 @@ class RunDir(os.PathLike):
         atomic_write(self.path / BEST_INFO, json.dumps(info, indent=2, default=float))
 
     def read_best(self, template: Any = None) -> tuple[Any, dict]:
-        """``(meta_params, info)``, shaped as ``template`` or else nested dicts of numpy arrays; ``CheckpointError``
-        if there are none."""
+        """``(meta_params, info)``, shaped as ``template`` or else nested numpy dicts; ``CheckpointError`` if none."""
         from flax import serialization
         if not (self.path / BEST_PARAMS).exists():
             raise CheckpointError(f"{self.path / BEST_PARAMS}: no exported meta-parameters")
@@ -198,8 +197,6 @@ class RunDir(os.PathLike):
         info = json.loads((self.path / BEST_INFO).read_text())
         return (params if template is None else serialization.from_state_dict(template, params)), info
 
-
-# --- checkpoints (ckpt/) -------------------------------------------------------------------------------
 
 def _ocp():
     # Imported on first use: it takes seconds, and the CLI imports this module (CheckpointError) to check input.
@@ -292,8 +289,6 @@ class Checkpointer:
         self.manager.close()
 
 
-# --- the lock (.lock) ----------------------------------------------------------------------------------
-
 class RunDirLocked(RuntimeError):
     """Another live process holds the run directory; the message is one line naming it."""
 
@@ -334,8 +329,7 @@ def acquire(run_dir: str | Path) -> RunLock:
 
 
 def acquire_new(candidate: str | Path) -> RunLock:
-    """``candidate``, or ``candidate-2``, ... if taken meanwhile; an exclusive mkdir keeps two runs started in
-    the same second apart."""
+    """``candidate``, or ``candidate-2``, ... if taken meanwhile; an exclusive mkdir keeps same-second runs apart."""
     while True:
         path = unique_dir(Path(candidate))
         with contextlib.suppress(FileExistsError):

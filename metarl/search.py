@@ -91,10 +91,9 @@ def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[flo
 
 def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored: Restored, logger,
            shown: bool, config: dict) -> Searched:
-    """Run (or continue) ``cfg``'s generations from ``restored``: one compiled generation per loop, logged, the
-    best member so far exported, a checkpoint every ``checkpoint.every`` and at the end. A stop signal ends it
-    after the generation in flight, with a checkpoint (``Interrupted``). ``config``: the saved config, kept in
-    each checkpoint."""
+    """Run (or continue) ``cfg``'s generations from ``restored``, each one compiled call, logged, the best so far
+    exported, a checkpoint every ``checkpoint.every`` and at the end; a stop signal ends it after the generation
+    in flight, checkpointed (``Interrupted``). ``config``: the saved config, kept in each checkpoint."""
     is_main = jax.process_index() == 0
     history, start = list(restored.history), restored.start
     ckpt = rundir.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)

@@ -57,8 +57,6 @@ def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Resto
     return Outcome(task, searched, picked)
 
 
-# --- the reference returns ---------------------------------------------------------------------------
-
 def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown: bool = False,
               tuned: Optional[dict] = None) -> Optional[dict]:
     """The reference to normalise against (None without ``normalize=baseline``): the directory's for these tasks
@@ -117,8 +115,6 @@ def describe(reference: dict) -> str:
         for i, (name, base, low, gap) in enumerate(zip(reference["tasks"], reference["base"], reference["low"],
                                                        spans(reference)))) + f" (over {reference['num_seeds']} seeds)"
 
-
-# --- the tuned baseline ------------------------------------------------------------------------------
 
 def tuning_config(cfg: RunConfig, run_dir: RunDir) -> RunConfig:
     """The search that tunes the baseline: kind hyperparams over ``baseline.tune`` from the configured values,
@@ -188,9 +184,8 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
 
 
 def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[dict]:
-    """The tuned baseline (None without ``baseline.tune``): the directory's, else ``baseline.tuned_from``'s,
-    else a search of kind hyperparams in tune/ (resumed after a kill) with its reference and pick; stored in
-    tuned.json."""
+    """The tuned baseline (None without ``baseline.tune``): the directory's, else ``baseline.tuned_from``'s, else
+    tuned now in tune/ (kind hyperparams, resumed after a kill, with reference and pick); stored in tuned.json."""
     if not cfg.baseline.tune:
         return None
     tuned = run_dir.tuned.read()
@@ -237,8 +232,6 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
     return tuned
 
-
-# --- the final pick on fresh seeds -------------------------------------------------------------------
 
 def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, shown: bool,
          message: Callable[[str], None]) -> dict:
