@@ -1,6 +1,5 @@
-"""Run configuration: composed by Hydra from ``experiments/*.yaml`` plus ``key=value`` overrides,
-then checked once, here, into typed dataclasses. Every error is one line that names the field and
-says what is allowed (``ConfigError``); nothing is compiled before the config is valid."""
+"""Run configuration: composed by Hydra from ``experiments/*.yaml`` and ``key=value`` overrides, then checked once,
+here, into typed dataclasses before anything compiles; each error is one line naming the field and what is allowed."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +49,7 @@ def _auto_or_positive(auto: str):
 
 @dataclasses.dataclass(frozen=True)
 class ESSection(ESConfig):
-    """The ``es`` section: the evolution driver's own settings (``ESConfig``), handed to it as they
-    are, plus how many generations to run and where the search starts (the component's ``init``)."""
+    """The driver's settings (``ESConfig``) as they are, plus generations and the start (the component's ``init``)."""
     generations: int = _positive(30)
     init_mean: str = _choice("zeros", "init")
 
@@ -77,11 +75,10 @@ class FitnessSection:
 
 @dataclasses.dataclass(frozen=True)
 class BaselineSection:
-    """The baseline a search is measured against (docs/results.md): the trainer as configured, or, with
-    ``tune``, with those hyperparameters first tuned on the run's tasks by the same fitness and search
-    (``component.kind=hyperparams``, in RUN_DIR/tune), on seeds of its own, with at least the search's
-    trainings. The tuned values then replace the configured ones everywhere: the learned part starts from
-    them; the normalised fitness, the control, ``evaluate`` and the figures compare with them."""
+    """The baseline a search is measured against (docs/results.md): the trainer as configured or, with ``tune``,
+    with those hyperparameters tuned first on the run's tasks (kind hyperparams, same fitness and search, own
+    seeds, at least the search's trainings, in RUN_DIR/tune). The tuned values then replace the configured ones:
+    the learned part starts from them; normalised fitness, the control, ``evaluate`` and figures compare with them."""
     # hyperparameter: {low, high, log} (as component.search of kind hyperparams); empty: no tuning
     tune: dict = _checked("a mapping such as {lr: {low: 1e-4, high: 1e-2, log: true}}",
                           lambda space: all(isinstance(v, dict) and set(v) <= {"low", "high", "log"}
@@ -90,8 +87,7 @@ class BaselineSection:
                                        lambda n: n is None or n > 0, default=None)
     # es.* settings of the tuning search that differ from the run's own (e.g. {strategy: Sep_CMA_ES, std_init: 1.0})
     es: dict = dataclasses.field(default_factory=dict)
-    # A run directory whose finished tuning (its tuned.json, of the same space, tasks and inner settings)
-    # this run uses instead of tuning again: one tuned PPO shared by several searches.
+    # A finished tuning (same space, tasks and inner settings) to reuse: one tuned PPO shared by several searches.
     tuned_from: str | None = _checked("a run directory whose tuned.json this run uses, or null (tune here)",
                                       lambda path: path is None or path.strip(), default=None)
 
@@ -250,15 +246,14 @@ def check_run_dir(run_dir: str, field: str = "run_dir") -> None:
                           "directory you can write to")
 
 
-# Every key with its default: Hydra's ``metarl_schema``, first in the primary config's defaults list, so a misspelt
-# key is refused when the config is composed (``build`` checks the values); resume=RUN_DIR (metarl.evolve) is no setting
-# of the run's own. ``inner``, ``component`` and the mappings below take any key, checked by whatever they configure.
+# Every key with its default, as Hydra's ``metarl_schema`` (first in the defaults list): a misspelt key is refused
+# at composition, ``build`` checks values; resume=RUN_DIR is no run setting. ``inner``, ``component`` and the
+# mappings below take any key, checked by what they configure.
 _schema = OmegaConf.create({**to_dict(RunConfig(experiment=MISSING)), "resume": None})
 for _key in ("inner", "component", "es.args", "logger.mlflow.tags", "baseline.tune", "baseline.es"):
     OmegaConf.set_struct(OmegaConf.select(_schema, _key), False)
 ConfigStore.instance().store(name="metarl_schema", node=_schema)
-# A sweep's directory: ``run_dir``, else ``checkpoints/NAME-DATE-sweep`` (with Hydra's ``now``, which its
-# launchers carry to every job).
+# A sweep's directory: ``run_dir``, else ``checkpoints/NAME-DATE-sweep`` (Hydra's ``now``, carried to every job).
 OmegaConf.register_new_resolver("metarl_sweep_dir", lambda run_dir, experiment, date: run_dir or
                                 f"checkpoints/{experiment or 'sweep'}-{date}-sweep", replace=True)
 

@@ -1,6 +1,5 @@
-"""Errors in the config's terms: ``ConfigError`` (a bad setting, one line naming it), the lower layers'
-own errors mapped to the config's paths (``layer_errors``), and Hydra's and OmegaConf's as one line
-(``one_line``). Only the commands turn them into an ``error:`` line and exit code 2."""
+"""Errors in the config's terms: ``ConfigError``, the lower layers' errors at config paths (``layer_errors``) and
+Hydra's and OmegaConf's as one line (``one_line``). Only the commands make them an ``error:`` line and exit code 2."""
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +11,8 @@ class ConfigError(ValueError):
     """A bad setting; the message is one line naming the field."""
 
 
-# inner_loops and outer_loops name their own arguments ("popsize: 7 is odd; allowed: ..."); here are the
-# config's paths of them, by what the harness hands a layer: {argument: path, "*": prefix of the others}.
+# inner_loops and outer_loops name their own arguments ("popsize: 7 is odd; allowed: ..."); their config paths,
+# by what the harness hands a layer: {argument: path, "*": prefix of the others}.
 LAYER_PATHS = {"es": {"*": "es."}, "component": {"*": "component."}, "inner": {"*": "inner."},
                "kind": {"_target_": "component.kind"}, "evolution": {"num_seeds": "fitness.num_seeds", "*": "es."}}
 
@@ -43,8 +42,7 @@ def layer_errors(where: str | Callable[[str], str]):
 
 
 def one_line(err: Exception) -> ConfigError:
-    """Hydra's or OmegaConf's error as one line naming the setting: OmegaConf's key, the override
-    Hydra names, or the experiment it could not find."""
+    """Hydra's or OmegaConf's error as one line naming OmegaConf's key, Hydra's override or the missing experiment."""
     first = (str(err).strip() or type(err).__name__).splitlines()[0].rstrip(".")
     named = re.search(r"(?:override|argument) '?\+*([^'= ]+)=", first) or re.search(r"override '\+*([^']+)'", first)
     key = (getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)

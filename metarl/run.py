@@ -1,7 +1,5 @@
-"""One run, from its checked config to its end (``metarl.evolve`` and each job of a sweep): the checks
-of its settings and run directory (reading only, ``check``), the directory's lock (``execute``), and the
-stages in order (``run``), each writing its own file of the run directory.
-"""
+"""One run from its checked config to its end (``metarl.evolve``, each sweep job): the read-only checks of its
+settings and run directory (``check``), the directory's lock (``execute``) and the stages in order (``run``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +23,8 @@ from metarl.tasks import Task, build_task, check_memory
 
 def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored: Restored | None = None,
         mesh: Any = "auto") -> dict:
-    """The stages of a run, in order, on ``run_dir``; returns its summary. ``task`` and ``restored``
-    (``search.restore``): as checked before the run took its directory (built and read here if not)."""
+    """The stages in order on ``run_dir``; the run's summary. ``task``, ``restored`` (``search.restore``): as
+    checked before the run took its directory (else built and read here)."""
     run_dir = RunDir(Path(run_dir).resolve())
     if restored is None:
         task, evo = build_evolution(cfg, task, mesh)
@@ -60,15 +58,12 @@ def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored:
 
 
 def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
-    """Every check of a run's settings that needs no run directory, reading only (``ConfigError`` or
-    ``ValueError``, one line). Returns the run's task, built once.
-
-    ``setup_devices``: this process's devices (``devices.setup``) first, as a run must before any
-    JAX computation; a sweep checking its jobs before they start has set them up already. ``task``:
-    already built."""
+    """Every read-only check of a run's settings needing no run directory (``ConfigError`` or ``ValueError``, one
+    line); returns the task, built once unless given. ``setup_devices``: ``devices.setup`` first, as a run must
+    before any JAX computation; a sweep checking its jobs has set them up already."""
     check_mlflow(cfg.logger.mlflow)
     if setup_devices:
-        devices.setup(cfg.devices)  # before any JAX computation
+        devices.setup(cfg.devices)
     with errors.layer_errors("es"):
         cfg.es.validate()
     task = task or build_task(cfg)
@@ -84,8 +79,7 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
 
 
 def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -> int:
-    """One run, from its checked config to its end: the remaining checks, the run directory's lock,
-    then the run itself; its exit code."""
+    """The remaining checks, the run directory's lock, then the run; its exit code."""
     # 1. Every check, reading only, the checkpoint a resume starts from included.
     try:
         task, evo = build_evolution(cfg, check(cfg, task=task))

@@ -1,5 +1,5 @@
-"""A run directory: every file a run leaves there, its name and its format, in one place. The rest of
-metarl asks a ``RunDir`` for a path or a file's contents and never spells a file name (a test checks).
+"""A run directory's files, their names and formats, in one place: the rest of metarl asks a ``RunDir`` for a
+path or a file's contents and never spells a file name (a test checks).
 
     config.yaml                the resolved config; ``resume=RUN_DIR`` continues from it
     metrics.jsonl              one strict-JSON record per generation
@@ -13,10 +13,9 @@ metarl asks a ``RunDir`` for a path or a file's contents and never spells a file
     distill.json               ``metarl.distill``'s front of formulas
     mlflow_run.json            the MLflow run the directory logs to (a run's, or a sweep's)
     wandb/                     the wandb run
-    .lock                      the directory's lock: filelock's (``fcntl.flock`` underneath, not a PID
-                               file), which the kernel drops when the holder's descriptor closes, SIGKILL
-                               included, so no stale lock is left; the PID and host written in it only
-                               name the holder to a refused process
+    .lock                      filelock's lock (``fcntl.flock``, not a PID file): the kernel drops it when the
+                               holder's descriptor closes, SIGKILL included, so none goes stale; the PID and
+                               host in it only name the holder to a refused process
 """
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ def atomic_write(path: str | Path, data: bytes | str) -> None:
 
 
 def to_json_line(record: dict) -> str:
-    """``record`` as one line of JSON, every NaN or infinity as null: JSON has no token for them (Python's
-    json writes ``NaN``, which strict readers refuse)."""
+    """``record`` as one line of strict JSON, NaN and infinities as null (Python's json writes ``NaN``)."""
     return json.dumps(json.loads(json.dumps(record), parse_constant=lambda constant: None)) + "\n"
 
 
@@ -86,7 +84,6 @@ class RunDir(os.PathLike):
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.ckpt, self.figures, self.lock = self.path / CKPT, self.path / FIGURES, self.path / LOCK
-        # reference returns, tuned baseline, final pick, distilled formulas, the MLflow run it logs to
         self.reference, self.tuned, self.validation, self.distill = (
             JsonFile(self.path / name) for name in (REFERENCE, TUNED, VALIDATION, DISTILL))
         self.mlflow_run = JsonFile(self.path / MLFLOW_RUN, indent=1)
@@ -122,8 +119,7 @@ class RunDir(os.PathLike):
             raise ConfigError(f"{self.path}: not a metarl run directory (no {CONFIG})")
 
     def started(self) -> bool:
-        """Whether the directory holds anything besides what is there before a run starts: the lock
-        file, and what Hydra may write into a sweep job's directory first (``.hydra/``, the ``.log``)."""
+        """Whether it holds more than what precedes a run: the lock and Hydra's ``.hydra/`` and ``.log``."""
         return self.path.is_dir() and any(not (p.name.startswith(".") or p.name.endswith(".log"))
                                           for p in self.path.iterdir())
 
@@ -138,20 +134,15 @@ class RunDir(os.PathLike):
         steps = sorted(p.name for p in self.ckpt.iterdir()) if self.ckpt.is_dir() else []
         return stamp(self.path / CONFIG), stamp(self.path / METRICS), steps
 
-    # --- config.yaml -------------------------------------------------------------------------------
-
     def write_config(self, data: dict) -> None:
-        """Write ``config.yaml`` whole or not at all, making the directory if needed."""
+        """Write ``config.yaml`` atomically, making the directory if needed."""
         from omegaconf import OmegaConf
-
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path / CONFIG, OmegaConf.to_yaml(OmegaConf.create(data)))
 
     def read_config(self, field: Optional[str] = None) -> dict:
-        """``config.yaml`` as plain data, unchecked; ``ConfigError`` if it is missing, empty or no YAML
-        mapping, naming first the ``field`` (if any) that gave the directory."""
+        """``config.yaml`` as plain data, unchecked; ``ConfigError``, naming ``field``, if missing or no mapping."""
         from omegaconf import OmegaConf
-
         path = self.path / CONFIG
         where = f"{field}: {path}" if field else path
         if not path.is_file():
@@ -165,8 +156,6 @@ class RunDir(os.PathLike):
             raise ConfigError(f"{where}: {'empty' if not data else 'not a mapping'}; allowed: the {CONFIG} a "
                               "run wrote")
         return data
-
-    # --- metrics.jsonl -----------------------------------------------------------------------------
 
     def metrics(self) -> list[dict]:
         """The records, up to a line cut by a kill mid-write."""
@@ -184,30 +173,24 @@ class RunDir(os.PathLike):
             f.write(to_json_line(record))
 
     def truncate_metrics(self, generations_done: int) -> None:
-        """Keep the records of the first ``generations_done`` generations: a resumed run recomputes the
-        rest, so each generation appears exactly once."""
+        """Keep the first ``generations_done`` generations' records: a resumed run recomputes the rest."""
         if (self.path / METRICS).exists():
             kept = [r for r in self.metrics() if r.get("generation", 0) <= generations_done]
             atomic_write(self.path / METRICS, "".join(to_json_line(r) for r in kept))
 
-    # --- the exported meta-parameters --------------------------------------------------------------
-
     def write_best(self, meta_params: Any, info: dict) -> None:
-        """The meta-parameters (flax msgpack) and what is needed to use them (JSON): while the search
-        runs, its best member so far; after a pick on fresh seeds, the pick (``info["picked"]``)."""
+        """The meta-parameters (flax msgpack) and what using them needs (JSON): the best member so far, or the
+        pick (``info["picked"]``)."""
         import jax
         import numpy as np
         from flax import serialization
-
         atomic_write(self.path / BEST_PARAMS, serialization.msgpack_serialize(
             jax.tree.map(np.asarray, jax.device_get(meta_params))))
         atomic_write(self.path / BEST_INFO, json.dumps(info, indent=2, default=float))
 
     def read_best(self, template: Any = None) -> tuple[Any, dict]:
-        """``(meta_params, info)``: the meta-parameters in the structure of ``template`` (the task's), or
-        without one as a nested dict of numpy arrays; ``CheckpointError`` if there are none."""
+        """``(meta_params, info)``, shaped as ``template`` or else nested numpy dicts; ``CheckpointError`` if none."""
         from flax import serialization
-
         if not (self.path / BEST_PARAMS).exists():
             raise CheckpointError(f"{self.path / BEST_PARAMS}: no exported meta-parameters")
         params = serialization.msgpack_restore((self.path / BEST_PARAMS).read_bytes())
@@ -215,19 +198,14 @@ class RunDir(os.PathLike):
         return (params if template is None else serialization.from_state_dict(template, params)), info
 
 
-# --- checkpoints (ckpt/) -------------------------------------------------------------------------------
-
 def _ocp():
-    # Imported when a checkpoint is first read or written, not with this module: it takes seconds,
-    # and the CLI checks its input (naming CheckpointError) before touching any checkpoint.
+    # Imported on first use: it takes seconds, and the CLI imports this module (CheckpointError) to check input.
     import orbax.checkpoint as ocp
-
     return ocp
 
 
 def _is_key(x) -> bool:
     import jax
-
     return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
@@ -235,27 +213,23 @@ def to_host(x):
     """A host NumPy copy of one leaf, a PRNG key as its raw data (``from_host`` wraps it again)."""
     import jax
     import numpy as np
-
     return np.asarray(jax.device_get(jax.random.key_data(x) if _is_key(x) else x))
 
 
 def from_host(value, template):
     import jax
-
     if _is_key(template):
         return jax.random.wrap_key_data(value, impl=jax.random.key_impl(template))
     return value
 
 
 class Checkpointer:
-    """The run directory's Orbax checkpoints. A checkpoint at generation G holds the evolution state
-    after G generations and, as JSON, the history of the G generations and the resolved config. Orbax
-    writes each step to a temporary directory and renames it when complete, so a kill mid-write leaves
-    the previous checkpoint intact; the leftover is removed."""
+    """The Orbax checkpoints: at generation G, the state after G generations and, as JSON, their history and
+    the config. Orbax renames a step's temporary directory when complete, so a kill mid-write leaves the
+    previous checkpoint intact (the leftover is removed)."""
 
     def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
         import jax
-
         ocp = _ocp()
         self.write = write  # only process 0 writes in a multi-process run
         self.dir = ckpt_dir = RunDir(run_dir).ckpt
@@ -266,8 +240,8 @@ class Checkpointer:
                 if child.is_dir() and "orbax-checkpoint-tmp" in child.name:
                     shutil.rmtree(child, ignore_errors=True)
                     self.removed_incomplete.append(child.name)
-        # Each process runs its own manager over host copies of the (replicated) state: only process 0
-        # saves, and Orbax's cross-process barriers would wait forever for processes that never save.
+        # A manager per process over host copies of the replicated state: only process 0 saves, and
+        # Orbax's cross-process barriers would wait forever for processes that never save.
         me = jax.process_index()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, cleanup_tmp_directories=write, enable_async_checkpointing=False, create=False,
@@ -280,10 +254,9 @@ class Checkpointer:
     def save(self, generation: int, state: Any, history: list[dict], config: dict) -> None:
         if not self.write or generation in self.manager.all_steps():  # a resumed run reaching a saved step again
             return
-        # Host NumPy only, PRNG keys as their raw data: in a multi-process run Orbax refuses host-local
-        # jax.Arrays, and a global one makes it expect every process to write.
+        # Host NumPy, keys as raw data: multi-process Orbax refuses host-local jax.Arrays and expects every
+        # process to write a global one.
         import jax
-
         meta = {"generation": generation, "history": history, "config": config}
         ocp = _ocp()
         self.manager.save(generation, args=ocp.args.Composite(
@@ -293,7 +266,6 @@ class Checkpointer:
     def restore(self, template_state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
         import jax
         import numpy as np
-
         restored = self._read(step, state=jax.tree.map(lambda x: np.zeros_like(to_host(x)), template_state))
         return jax.tree.map(from_host, restored["state"], template_state), restored["meta"]
 
@@ -316,8 +288,6 @@ class Checkpointer:
     def close(self):
         self.manager.close()
 
-
-# --- the lock (.lock) ----------------------------------------------------------------------------------
 
 class RunDirLocked(RuntimeError):
     """Another live process holds the run directory; the message is one line naming it."""
@@ -343,9 +313,8 @@ def _holder(path: Path) -> str:
 
 
 def acquire(run_dir: str | Path) -> RunLock:
-    """Create ``run_dir`` if needed and hold its lock, or raise ``RunDirLocked`` having changed nothing
-    (the lock file of a held directory already exists and is only opened). Keep the returned lock: it is
-    released when it is garbage-collected."""
+    """Create ``run_dir`` if needed and hold its lock, or raise ``RunDirLocked`` having changed nothing (a held
+    lock file is only opened). Keep the returned lock: garbage collection releases it."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path = RunDir(run_dir).lock
@@ -360,9 +329,7 @@ def acquire(run_dir: str | Path) -> RunLock:
 
 
 def acquire_new(candidate: str | Path) -> RunLock:
-    """A default run directory: ``candidate`` or, if another run took that name in the meantime,
-    ``candidate-2``, ``candidate-3``, ...; created with an exclusive mkdir so that two runs started
-    in the same second never share one."""
+    """``candidate``, or ``candidate-2``, ... if taken meanwhile; an exclusive mkdir keeps same-second runs apart."""
     while True:
         path = unique_dir(Path(candidate))
         with contextlib.suppress(FileExistsError):
@@ -371,8 +338,7 @@ def acquire_new(candidate: str | Path) -> RunLock:
 
 
 def unique_dir(path: Path) -> Path:
-    """``path``, or ``path-2``, ``path-3``, ... if it exists; made unique for good when it is created
-    (``acquire_new``)."""
+    """``path``, or ``path-2``, ``path-3``, ... if it exists (``acquire_new`` claims it)."""
     candidate, n = path, 1
     while candidate.exists():
         n += 1

@@ -1,7 +1,5 @@
-"""The search stage: the generation loop over a built task and evolution. It evolves, reports,
-checkpoints and stops cleanly on SIGINT/SIGTERM/SIGHUP; building, tuning, scoring references and the
-final pick are other stages' (``metarl.stages``), and the order of them all is ``metarl.run``'s.
-"""
+"""The search stage: the generation loop, which evolves, reports, checkpoints and stops cleanly on SIGINT, SIGTERM
+or SIGHUP. Building, tuning, the reference and the pick are ``metarl.stages``'; their order ``metarl.run``'s."""
 from __future__ import annotations
 
 import contextlib
@@ -57,8 +55,7 @@ class Interrupted(Exception):
 
 
 def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", reference: Optional[dict] = None):
-    """``(task, evolution)``; ``reference`` holds the per-task baseline and random returns that
-    ``fitness.normalize=baseline`` scores against (None: raw returns)."""
+    """``(task, evolution)``; ``reference``: the baseline and random returns normalised fitness uses (None: raw)."""
     task = task or build_task(cfg)
     if mesh == "auto":
         mesh = devices.run_mesh(cfg)
@@ -73,9 +70,8 @@ def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", refere
 
 
 def restore(cfg: RunConfig, run_dir: RunDir, evo: Evolution) -> Restored:
-    """The latest checkpoint's state, or a new one, writing nothing: a checkpoint that cannot be read
-    raises ``CheckpointError`` before the caller has touched the run directory. The state's shapes do
-    not depend on tuned values or reference returns, so any evolution of the run's search restores it."""
+    """The latest checkpoint's state, or a new one, writing nothing (``CheckpointError`` if unreadable). The
+    state's shapes ignore tuned values and reference returns, so any evolution of the run's search restores it."""
     state = evo.init(jax.random.key(cfg.seed))
     with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as reader:
         step = reader.latest_step()  # None without a checkpoint directory, which a reader does not create
@@ -95,11 +91,9 @@ def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[flo
 
 def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored: Restored, logger,
            shown: bool, config: dict) -> Searched:
-    """Run (or continue) the generations ``cfg`` asks for from ``restored``: one compiled generation
-    per loop, its record logged, the best member so far exported, a checkpoint every
-    ``checkpoint.every`` generations and at the end. A stop signal ends it after the generation in
-    flight, with a checkpoint (``Interrupted``). ``config``: the run's config as saved, which each
-    checkpoint keeps."""
+    """Run (or continue) ``cfg``'s generations from ``restored``, each one compiled call, logged, the best so far
+    exported, a checkpoint every ``checkpoint.every`` and at the end; a stop signal ends it after the generation
+    in flight, checkpointed (``Interrupted``). ``config``: the saved config, kept in each checkpoint."""
     is_main = jax.process_index() == 0
     history, start = list(restored.history), restored.start
     ckpt = rundir.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
@@ -148,9 +142,8 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
             if record["best_so_far"] > best_so_far and is_main:
                 best_so_far = record["best_so_far"]
                 run_dir.write_best(state.best_params, best_info(cfg, task, record["generation"], best_so_far))
-            # Processes receive a signal at different moments; all stop after the same generation. The
-            # agreed signal is kept apart from the one received here, which may come after the agreement
-            # and must not count as a second signal.
+            # Processes get a signal at different moments; all stop after the same generation. The agreed
+            # signal is kept apart from ``received``: one arriving after the agreement is no second signal.
             signum = devices.agree(received[0] if received else 0, f"stop/{done}")
             if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or signum:
                 devices.assert_same_everywhere(state)

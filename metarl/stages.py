@@ -1,9 +1,7 @@
-"""The stages of a run besides the generation loop (``metarl.search``), each reading its inputs and
-writing its own file of the run directory: the tuned baseline (``tune``: tuned.json, its search in
-tune/), the reference returns a normalised fitness scores against (``reference``: reference.json,
-measured once, so a resumed run scores exactly as before) and the final pick on fresh seeds (``pick``:
-validation.json and the exported meta-parameters). ``metarl.run`` runs them in order.
-"""
+"""The stages besides the generation loop (``metarl.search``), each writing its own file: the tuned baseline
+(``tune``: tuned.json, its search in tune/), the reference returns normalised fitness scores against
+(``reference``: reference.json, measured once so a resumed run scores as before) and the final pick on fresh
+seeds (``pick``: validation.json and the exported meta-parameters). ``metarl.run`` runs them in order."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +48,7 @@ def make_logger(cfg: RunConfig, run_dir: RunDir, task: Task, config: dict) -> Lo
 
 def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Restored, mesh: Any, logger: Logger,
                     shown: bool, config: dict, tuned: Optional[dict] = None) -> Outcome:
-    """The reference, the search and the pick on one run directory (a run's, or its tuning's), the
-    evolution built once, scoring against the reference."""
+    """The reference, the search scoring against it and the pick, in a run's (or its tuning's) directory."""
     reference_returns = reference(cfg, task, run_dir, logger.message, shown, tuned and tuned["hyperparameters"])
     _, evo = build_evolution(cfg, task, mesh, reference_returns)
     searched = search(cfg, run_dir, task, evo, restored, logger, shown, config)
@@ -60,14 +57,11 @@ def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Resto
     return Outcome(task, searched, picked)
 
 
-# --- the reference returns ---------------------------------------------------------------------------
-
 def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown: bool = False,
               tuned: Optional[dict] = None) -> Optional[dict]:
-    """The reference a run normalises against (None without ``normalize=baseline``): the one stored in
-    its directory for these tasks and this baseline, or measured now (and stored by process 0;
-    ``shown``: with a progress bar), then described through ``message``. ``tuned``: the tuned
-    baseline's hyperparameters, which ``task``'s baseline trains with."""
+    """The reference to normalise against (None without ``normalize=baseline``): the directory's for these tasks
+    and this baseline, else measured now (``shown``: with a progress bar; stored by process 0), then described
+    through ``message``. ``tuned``: the tuned hyperparameters ``task``'s baseline trains with."""
     # fitness.normalize: null normalises with several tasks, not with one
     if (cfg.fitness.normalize or ("baseline" if len(task.specs) > 1 else "none")) != "baseline":
         return None
@@ -90,10 +84,9 @@ def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown:
 
 
 def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], Any] = lambda: None) -> dict:
-    """``R_base`` and ``R_low`` per task (host floats), each the mean over ``num_seeds`` seeds, with its
-    95% t-interval (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from
-    ``fitness.task_key(key, i)`` of each seed key, as a member and the control do. ``measured`` is
-    called after each of the ``2 * tasks`` measurements."""
+    """``R_base`` and ``R_low`` per task (host floats), means over ``num_seeds`` seeds, with 95% t-intervals
+    (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from ``task_key(key, i)``, as a member and
+    the control do; ``measured()`` follows each of the ``2 * tasks`` measurements."""
     root = jax.random.key(seed)
     base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
     low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
@@ -113,8 +106,8 @@ def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], An
 
 
 def describe(reference: dict) -> str:
-    """The reference returns in one line: each baseline's with its 95% interval and the interval's half-width
-    in percent of the task's baseline-random gap, where the reference has intervals (older runs' have none)."""
+    """The reference in one line: each baseline's 95% interval with its half-width in % of the baseline-random
+    gap, where it has intervals (older runs' have none)."""
     ci = reference.get("base_ci")
     return "; ".join(
         f"{name} baseline {base:.2f}" + (f" [{ci[i][0]:.2f}, {ci[i][1]:.2f}] (+-{50 * (ci[i][1] - ci[i][0]) / gap:.1f}%"
@@ -123,13 +116,10 @@ def describe(reference: dict) -> str:
                                                        spans(reference)))) + f" (over {reference['num_seeds']} seeds)"
 
 
-# --- the tuned baseline ------------------------------------------------------------------------------
-
 def tuning_config(cfg: RunConfig, run_dir: RunDir) -> RunConfig:
-    """The search that tunes ``cfg``'s baseline (``baseline.tune``): kind hyperparams over those
-    hyperparameters, starting at the configured values, with the run's tasks, fitness and search
-    settings (``baseline.es`` differing, ``baseline.generations`` long), on a seed of its own, in
-    the tuning's directory, reporting to the console and its metrics only."""
+    """The search that tunes the baseline: kind hyperparams over ``baseline.tune`` from the configured values,
+    with the run's tasks, fitness and search (``baseline.es`` differing, ``baseline.generations`` long), on a
+    seed of its own, in the tuning's directory, logging to the console and metrics only."""
     b = cfg.baseline
     es = dataclasses.replace(cfg.es, generations=b.generations or cfg.es.generations, init_mean="init")
     es = config_lib.build(config_lib.ESSection, {**config_lib.to_dict(es), **b.es}, "baseline.es.")
@@ -145,8 +135,7 @@ def trainings(cfg: RunConfig) -> int:
 
 
 def check_tuning(cfg: RunConfig) -> None:
-    """``baseline``'s settings: a tuning search that builds, is no smaller than the search, and whose
-    values no task overrides (``ConfigError``)."""
+    """``ConfigError`` unless the tuning builds, is no smaller than the search and tunes nothing a task sets."""
     if not cfg.baseline.tune:
         return
     if cfg.component.get("kind") == "hyperparams":
@@ -176,9 +165,8 @@ def _tuned_for(cfg: RunConfig, tuned: dict) -> bool:
 
 
 def tuned_elsewhere(cfg: RunConfig) -> dict:
-    """The tuning of ``baseline.tuned_from`` (its tuned.json, with ``from``): refused (``ConfigError``)
-    unless it is finished and was tuned over this run's space, on its tasks, with its inner settings
-    other than the tuned ones, and with at least the search's number of trainings."""
+    """``baseline.tuned_from``'s tuned.json (with ``from``); ``ConfigError`` unless finished and tuned over this
+    run's space, tasks and untuned inner settings with at least the search's trainings."""
     where = RunDir(cfg.baseline.tuned_from).path.expanduser()
     tuned = RunDir(where).tuned.read()
     if tuned is None:
@@ -196,9 +184,8 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
 
 
 def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[dict]:
-    """The tuned baseline of ``cfg`` (None without ``baseline.tune``): the run directory's, else
-    ``baseline.tuned_from``'s, else found now by a search of kind hyperparams in the tuning's own
-    directory (continued where a kill left it) with its reference and pick; stored in tuned.json."""
+    """The tuned baseline (None without ``baseline.tune``): the directory's, else ``baseline.tuned_from``'s, else
+    tuned now in tune/ (kind hyperparams, resumed after a kill, with reference and pick); stored in tuned.json."""
     if not cfg.baseline.tune:
         return None
     tuned = run_dir.tuned.read()
@@ -246,14 +233,11 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
     return tuned
 
 
-# --- the final pick on fresh seeds -------------------------------------------------------------------
-
 def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, shown: bool,
          message: Callable[[str], None]) -> dict:
-    """Score the ``fitness.validation_top`` best members found and the search's mean again on
-    ``fitness.validation_seeds`` seeds the search never used (a stream of its own of the run's seed),
-    as the search scored them, and export the best of them: the best member is the one the seed noise
-    flattered most. Writes validation.json; returns it."""
+    """Score the ``fitness.validation_top`` best members and the search's mean again, as the search did, on
+    ``fitness.validation_seeds`` unused seeds (a stream of the run's seed) and export the best: the best member
+    is the one seed noise flattered most. Writes validation.json and returns it."""
     top_fitness, top_generation = (np.asarray(jax.device_get(x)) for x in (state.top_fitness, state.top_generation))
     found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
     top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
