@@ -17,7 +17,7 @@ from metarl.errors import ConfigError
 from metarl.rundir import CheckpointError, RunDir
 
 EXIT_BAD_INPUT = 2
-# Stop a run after the generation in flight, with a checkpoint (``metarl.run``); SIGHUP: a closed terminal.
+# Signals stopping a run after the generation in flight, with a checkpoint (``metarl.run``); SIGHUP: closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 

@@ -1,9 +1,8 @@
 """What a run meta-learns (``component.kind``): one registry entry per kind (docs/extending.md).
 
-A kind names its seam (a ``make_train`` keyword the trainer lists in ``SEAMS``), the component used where
-``component._target_`` is not given, the hand-designed side it is compared with, its figures and, for
-``metarl.distill``, its formula component. ``hyperparams`` has no seam: it searches the trainer's float
-hyperparameters in a bounded space."""
+A kind names its seam (a ``make_train`` keyword listed in the trainer's ``SEAMS``), its default component, the
+hand-designed side it is compared with, its figures and its formula component (for ``metarl.distill``).
+``hyperparams`` has no seam: it searches the trainer's float hyperparameters in a bounded space."""
 from __future__ import annotations
 
 import dataclasses
