@@ -17,8 +17,7 @@ from metarl.errors import ConfigError
 from metarl.rundir import CheckpointError, RunDir
 
 EXIT_BAD_INPUT = 2
-# Signals that stop a run after the generation in flight, with a checkpoint (``metarl.run``).
-# SIGHUP is what a closed terminal sends.
+# Signals stopping a run after the generation in flight, with a checkpoint (``metarl.run``); SIGHUP: closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -28,10 +27,9 @@ def fail(message: str, code: int = EXIT_BAD_INPUT):
 
 
 def run_command(argv: list[str] | None, function, usage: str, show) -> int:
-    """The command of ``inspect``, ``evaluate`` and ``distill``: ``function(RUN_DIR, **options)`` from
-    ``run_dir=RUN_DIR [KEY=VALUE ...]`` (``argv``; ``None``: this process's), printed as ``show`` writes it.
-    The keys are ``function``'s arguments, their values read as ``metarl.evolve`` reads its own (Hydra's
-    grammar: ``env=null``) and typed as the arguments; ``--help``, or nothing, prints ``usage``."""
+    """``inspect``, ``evaluate`` and ``distill``: ``function(RUN_DIR, **options)`` from ``run_dir=RUN_DIR [KEY=VALUE
+    ...]`` (``argv``; None: this process's), printed by ``show``. Keys are ``function``'s arguments, values read as
+    ``metarl.evolve`` reads its own (``env=null``) and typed as declared; ``--help`` or nothing prints ``usage``."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)

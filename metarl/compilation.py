@@ -19,15 +19,12 @@ def enable_compilation_cache() -> None:
 # XLA's CPU backend at LLVM optimisation level 1: it compiles faster and the programs run as fast (figures in
 # docs/studies/speed.md); rounding differs, so a run, its resumption and its processes all use it.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-# On a GPU, XLA's autotuning times candidate kernels at compile time and keeps the fastest, so the same
-# program can pick other kernels, and give other returns, in another process. Without it, a resumed run equals
-# the straight one.
+# On a GPU, XLA's autotuning keeps the kernels timed fastest at compile time, so another process may pick others
+# and give other returns. Without it, a resumed run equals the straight one.
 GPU_COMPILER_OPTIONS = {"xla_gpu_autotune_level": 0}
-# One agent (or a few) on a CPU of several cores: XLA splits an elementwise loop it estimates as costly (the
-# random-number hash's rounds, the critic's activations of a rollout) into one task per core, and for
-# operations this small the hand-off to another thread costs more than the work; nor is a product split.
-# Same results bit for bit. For populations the split pays, so metarl's own runs do not use these
-# (docs/studies/speed.md has the figures).
+# One agent (or a few) on a multi-core CPU: XLA splits a costly-looking elementwise loop (random-number hash rounds,
+# a rollout's critic activations) into one task per core; at this size the hand-off costs more than the work (nor is
+# a product split). Same results bit for bit. Populations gain, so metarl's own runs skip these (docs/studies/speed.md).
 SINGLE_AGENT_CPU_OPTIONS = {"xla_disable_hlo_passes": "cpu-parallel-task-assigner",
                             "xla_cpu_multi_thread_eigen": False}
 

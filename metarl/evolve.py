@@ -72,10 +72,9 @@ def app(composed) -> float | None:
 
 
 class RunHooks(Callback):
-    """With ``-m``: every job checked before the first, the sweep's MLflow run and summary, a job stopped
-    by a stop signal stopping the sweep (``metarl.sweep``); for a single run, Hydra's settings checked.
-    Hydra turns a callback's exception into a warning and goes on, so a failure here exits instead."""
-
+    """With ``-m``: jobs checked first, the sweep's MLflow run and summary, a stopped job stopping the sweep
+    (``metarl.sweep``); one run: Hydra's settings checked. Hydra makes a callback's exception a warning and goes
+    on, so failures here exit."""
     parent = None  # the sweep's MLflow run, in the process that runs the sweep (``sweep.start``)
 
     def __getstate__(self) -> dict:

@@ -1,10 +1,8 @@
 """What a run meta-learns (``component.kind``): one registry entry per kind (docs/extending.md).
 
-A kind names the seam its component plugs into (a keyword of the trainer's ``make_train`` that the
-trainer lists in its ``SEAMS``), the component used where ``component._target_`` is not given, the
-hand-designed side it is compared with, its figures and, for ``metarl.distill``, its formula component.
-``hyperparams`` has no seam: it searches the trainer's float hyperparameters in a bounded space.
-"""
+A kind names its seam (a ``make_train`` keyword listed in the trainer's ``SEAMS``), its default component, the
+hand-designed side it is compared with, its figures and its formula component (for ``metarl.distill``).
+``hyperparams`` has no seam: it searches the trainer's float hyperparameters in a bounded space."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +22,6 @@ from metarl.outer_loops.search_space import HyperparamSpace
 class Kind:
     """A kind whose learned part is a component (``init(key)``, ``apply(meta_params, ...)``) handed to
     ``make_train(config, **{seam: component})`` and its meta-parameters to ``train(key, {seam: meta})``."""
-
     name: str
     seam: Optional[str]
     component: Optional[str] = None             # component._target_ where the config names none
@@ -59,8 +56,7 @@ class Kind:
         return lambda meta: (lambda key: train_with_seam(key, {self.seam: meta}))
 
     def start(self, component, inner, init_mean: str, seed: int):
-        """``(template, init_mean, describe_search)``: the meta-parameters' shape, where the search
-        starts (``es.init_mean``) and the search's description per generation (or None)."""
+        """``(template, init_mean, describe_search)``: shape, start (``es.init_mean``), per-generation log or None."""
         # The search runs over one flat vector indexed in int32: count before allocating anything.
         shapes = jax.eval_shape(component.init, jax.random.key(seed))
         num_dims = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
@@ -79,7 +75,6 @@ class Kind:
 
 class Hyperparams(Kind):
     """The trainer's float hyperparameters (its config's pytree fields) in a ``HyperparamSpace``."""
-
     def build(self, spec: dict, trainer_fields: list[str]):
         if plugins.TARGET in spec:
             raise ConfigError(f"component._target_: {spec[plugins.TARGET]!r} with kind hyperparams; allowed: "
@@ -112,9 +107,8 @@ def register(kind: Kind) -> Kind:
 
 
 def get(name: Any) -> Kind:
-    """The kind ``component.kind`` names: a registered name, or the dotted path of a ``Kind`` in a
-    module of your own (``my_pkg.kinds.STEP_SCALE``), registered here, so that the command line and a
-    saved config reach it without code."""
+    """A registered name, or the dotted path of a ``Kind`` of your own (``my_pkg.kinds.STEP_SCALE``), registered
+    here so that the command line and a saved config reach it without code."""
     allowed = f"allowed: {', '.join(KINDS)}, or the dotted path of a metarl.kinds.Kind"
     if isinstance(name, str) and name not in KINDS and "." in name:
         with layer_errors("kind"):

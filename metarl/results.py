@@ -24,9 +24,8 @@ def load_config(run_dir: str | Path, tuned: bool = True) -> RunConfig:
 
 
 def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = None):
-    """``(config, task)`` of a run directory, from its saved config: how ``metarl.inspect``,
-    ``metarl.evaluate`` and ``load_best`` read a run. ``tasks(config)`` gives other task specs to build
-    in place of the run's own (e.g. its held-out ``eval_tasks``)."""
+    """``(config, task)`` from a run directory's saved config (as inspect, evaluate and ``load_best`` read it);
+    ``tasks(config)``, if given, are task specs to build instead of the run's own (e.g. its ``eval_tasks``)."""
     cfg = load_config(run_dir)
     return cfg, build_task(cfg, None if tasks is None else tasks(cfg))
 

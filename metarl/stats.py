@@ -1,13 +1,11 @@
 """Aggregate statistics over tasks with stratified bootstrap confidence intervals, in numpy and scipy.
 
-The estimators and the bootstrap of rliable (Agarwal et al., 2021, "Deep RL at the edge of the
-statistical precipice"), computed the same way: scores are arrays of shape (runs, tasks); each
-bootstrap replicate draws runs with replacement within each task (the tasks stay fixed), each
-array of a pair on its own, and a 95% interval is the 2.5th and 97.5th percentile of the replicates
-(rliable's default ``percentile`` method). Given a ``numpy.random.RandomState`` seeded like numpy's
-global generator, ``interval`` draws the same indices in the same order as
-``rliable.library.get_interval_estimates`` and returns the same numbers (tests/test_stats.py).
-"""
+rliable's estimators and bootstrap (Agarwal et al., 2021, "Deep RL at the edge of the statistical precipice"),
+computed the same way: scores have shape (runs, tasks); a replicate draws runs with replacement within each task
+(tasks fixed), each array of a pair on its own; a 95% interval is the replicates' 2.5th and 97.5th percentile
+(rliable's default ``percentile`` method). With a ``numpy.random.RandomState`` seeded like numpy's global
+generator, ``interval`` draws the same indices in the same order as ``rliable.library.get_interval_estimates``
+and returns the same numbers (tests/test_stats.py)."""
 from __future__ import annotations
 
 from typing import Callable
@@ -19,15 +17,12 @@ from scipy import special
 def iqm(scores: np.ndarray) -> float:
     """Interquartile mean over all runs and tasks: the mean of the middle 50% (a 25% trimmed mean)."""
     import scipy.stats  # a second to import, which a run (it needs only ``t_interval``) does without
-
     return float(scipy.stats.trim_mean(scores, proportiontocut=0.25, axis=None))
 
 
 def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
-    """P(X > Y) per task from the Mann-Whitney U statistic (ties count half), averaged over tasks; 0.5
-    on a task whose two columns are equal."""
+    """P(X > Y) per task by Mann-Whitney U (ties count half; equal columns: 0.5), averaged over tasks."""
     import scipy.stats  # as in iqm
-
     per_task = [0.5 if np.array_equal(a, b) else
                 scipy.stats.mannwhitneyu(a, b, alternative="greater").statistic / (len(a) * len(b))
                 for a, b in zip(x.T, y.T)]
@@ -46,8 +41,7 @@ def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
 
 def interval(statistic: Callable[..., float], scores: tuple[np.ndarray, ...], reps: int,
              rng: np.random.RandomState, size: float = 0.95) -> tuple[float, list[float]]:
-    """``statistic(*scores)`` and its stratified bootstrap interval of coverage ``size`` from ``reps``
-    replicates: ``(point, [lower, upper])``."""
+    """``(statistic(*scores), [lower, upper])``: stratified bootstrap interval of coverage ``size``, ``reps`` draws."""
     columns = [np.arange(s.shape[1])[None, :] for s in scores]
     results = [statistic(*[s[rng.choice(s.shape[0], s.shape, replace=True), c] for s, c in zip(scores, columns)])
                for _ in range(reps)]

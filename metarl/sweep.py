@@ -1,9 +1,7 @@
 """``python -m metarl.evolve -m experiment=NAME KEY=A,B ...``: a sweep by Hydra's sweeper and launcher
-(docs/sweeps.md), each job one run in ``SWEEP_DIR/<job number>``, all checked before the first starts
-(``start``, with the basic sweeper). Jobs record themselves in ``SWEEP_DIR/jobs/<number>.json`` as they
-start and end, so the summary (``finish``) is the same whichever launcher ran them, wherever; each
-returns its best fitness, for an optimising sweeper to search on.
-"""
+(docs/sweeps.md), one run per job in ``SWEEP_DIR/<job number>``, all checked before the first (``start``, basic
+sweeper). Jobs record their start and end in ``SWEEP_DIR/jobs/<number>.json``, so the summary (``finish``) is the
+same whichever launcher ran them, wherever; each returns its best fitness, for an optimising sweeper."""
 from __future__ import annotations
 
 import csv
@@ -55,8 +53,7 @@ def _hydra_overrides(master) -> list[str]:
 
 
 def run_job(composed, hydra_cfg) -> float:
-    """One job, from Hydra's launcher. A job stopped by a stop signal stops the sweep (``Stopped``,
-    which the sweep's Hydra callback hands to ``finish``)."""
+    """One job, from Hydra's launcher; a stop signal raises ``Stopped`` (the Hydra callback hands it to ``finish``)."""
     sweep_dir = Path(str(hydra_cfg.sweep.dir))
     num, run_dir = int(hydra_cfg.job.num), sweep_dir / str(hydra_cfg.sweep.subdir)
     record = sweep_dir / JOBS_DIR / f"{num}.json"
@@ -176,9 +173,8 @@ def start(master):
 
 
 def open_mlflow_parent(cfgs: list, known: bool, sweep_dir: Path, command_line: str):
-    """The sweep's MLflow run, if its jobs log to MLflow: their runs' parent through ``PARENT_RUN_ENV``, which
-    reaches jobs in other processes; its parameters, the settings every job shares; continued by a sweep
-    continued. Returns ``(the run, what PARENT_RUN_ENV was before it)``, or None."""
+    """``(run, old PARENT_RUN_ENV)`` or None: the sweep's MLflow run if jobs log there, their runs' parent via
+    ``PARENT_RUN_ENV`` (reaching other processes), the jobs' shared settings as parameters; continued with the sweep."""
     enabled = [cfg for cfg in cfgs if cfg.logger.mlflow.mode == "enabled"]
     if not enabled:
         return None
@@ -201,7 +197,7 @@ def finish(master, opened, stopped: int | None = None) -> int:
     sweep_dir = Path(str(master.hydra.sweep.dir))
     rows = write_summary(sweep_dir)
     failed = sum(r["exit_code"] != 0 for r in rows)
-    if opened is not None:  # the summary on the sweep's MLflow run (``open_mlflow_parent``'s), which then ends
+    if opened is not None:
         parent, outer = opened
         scored = [r for r in rows if r["best"] is not None and math.isfinite(r["best"])]
         if scored:

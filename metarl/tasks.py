@@ -1,10 +1,8 @@
 """From a run config to what the outer loop needs: a parameter template and a pure fitness function.
 
-``component.kind`` names what is meta-learned (an entry of ``metarl.kinds``), ``component._target_``
-the component class (a class of your own with ``init(key)`` and ``apply(meta_params, ...)``; the other
-keys are its constructor arguments) and ``inner._target_`` the trainer's config class, whose module
-provides ``make_train``; the trainer is read through what it declares (``metarl.inner_loops.trainer``).
-"""
+``component.kind`` names what is meta-learned (``metarl.kinds``), ``component._target_`` the component class
+(``init(key)``, ``apply(meta_params, ...)``; other keys: its constructor arguments), ``inner._target_`` the
+trainer's config class, whose module provides ``make_train`` (read via ``metarl.inner_loops.trainer``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,8 +20,7 @@ from metarl.errors import ConfigError, layer_errors, layer_path
 from metarl.inner_loops import envs as envs_lib, plugins, trainer as trainer_protocol
 from metarl.outer_loops.fitness import statistic_fn, task_key
 
-# The shipped trainers by name (inner.algo): their config classes, each in a module with make_train.
-# Imported on use so a trainer's import cost is paid only by its runs.
+# inner.algo -> config class (its module has make_train); imported on use, so only its runs pay the import.
 TRAINERS = {
     "ppo": "metarl.inner_loops.ppo.PPOConfig",
     "dqn": "metarl.inner_loops.dqn.DQNConfig",
@@ -32,9 +29,8 @@ TRAINERS = {
 
 
 def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
-    """``(name, module, config)``: the trainer's config for one task, ``cfg.inner`` with the task's ``inner``
-    on top, validated (errors name ``inner.X``, or ``tasks[i].inner.X`` for a task's own setting).
-    ``inner.algo`` names a shipped trainer, ``inner._target_`` (which wins) the config class of your own."""
+    """``(name, module, config)`` for one task: ``cfg.inner`` under the task's ``inner``, validated (errors name
+    ``inner.X`` or ``tasks[i].inner.X``). ``inner._target_`` (your config class) wins over ``inner.algo``."""
     spec = spec or task_specs(cfg)[0]
     inner = dict(cfg.inner)
     algo = inner.pop("algo", "ppo")
@@ -73,8 +69,7 @@ def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
         config = plugins.instantiate(target, inner, injected=env)
         if callable(getattr(config, "validate", None)):
             config.validate()
-    # A task's budget must be the frames really trained (a whole number of the trainer's updates), so
-    # that budgets compared across tasks (say 4x longer) mean what they say.
+    # A budget must be the frames really trained (whole updates), so budgets compared across tasks mean what they say.
     total, trained = getattr(config, "total_timesteps", None), trainer_protocol.frames_per_run(config)
     if spec.path != "env" and total is not None and trained and total != trained:
         step = trained // max(1, trainer_protocol.num_updates(config)) or total
@@ -86,7 +81,6 @@ def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
     """One task: an environment and the trainer settings that differ from the run's ``inner``."""
-
     name: str          # unique within its list; how logs, metrics and tables name it
     env: str           # a registered name or a dotted path (``metarl.inner_loops.envs``)
     inner: dict        # overrides of ``cfg.inner`` for this task
@@ -129,8 +123,7 @@ def _spec(item: dict, path: str, env_field: str) -> TaskSpec:
 
 
 def default_name(env: str, args: tuple | None, inner: dict) -> str:
-    """The environment's label (``envs.label``), with the task's own trainer settings in brackets:
-    ``CartPole-v1[num_envs=8]``."""
+    """The env's label (``envs.label``) and the task's own trainer settings: ``CartPole-v1[num_envs=8]``."""
     settings = ",".join(f"{k}={v}" for k, v in sorted(inner.items()))
     return envs_lib.label(env, args) + (f"[{settings}]" if inner else "")
 
@@ -138,7 +131,6 @@ def default_name(env: str, args: tuple | None, inner: dict) -> str:
 @dataclasses.dataclass
 class Task:
     """What the outer loop evolves and how a member is scored, on one or several tasks."""
-
     kind: kinds.Kind
     algo: str
     component: Any                 # the component (MLPValueLoss, LPODrift, yours) or a HyperparamSpace
@@ -166,15 +158,13 @@ class Task:
 
 
 def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
-    """Everything checked and built before any compilation; raises ConfigError on bad settings. ``specs``
-    replaces the run's own tasks (e.g. its held-out ``eval_tasks``)."""
+    """Check and build all before compiling (ConfigError on bad settings); ``specs`` replaces the run's tasks."""
     specs = task_specs(cfg) if specs is None else specs
     kind = kinds.get(cfg.component.get("kind"))
     configs = [inner_config(cfg, spec) for spec in specs]
     algo, module, _ = configs[0]
     inners = [c[2] for c in configs]
-    # A trainer's searchable hyperparameters are its config's pytree fields (all fields of a plain
-    # dataclass); a config that is no dataclass offers none.
+    # Searchable hyperparameters: the config's pytree fields (all of a plain dataclass; none if no dataclass).
     fields = dataclasses.fields(inners[0]) if dataclasses.is_dataclass(inners[0]) else ()
     component = kind.build({k: v for k, v in cfg.component.items() if k != "kind"},
                            [f.name for f in fields if f.metadata.get("pytree_node", True)])
@@ -203,16 +193,14 @@ _XLA_OVERHEAD = 2
 
 
 def check_memory(cfg: RunConfig, task: Task, available_bytes: int | None, members_here: int) -> int:
-    """Refuse a generation that cannot fit; returns the estimate in bytes. Rough on purpose: it is meant to
-    catch a setting off by orders of magnitude before it compiles, not to budget a run.
-
-    One generation trains ``members_here`` (this device's share of es.popsize) x fitness.num_seeds agents at
-    once, vmapped, and with ``fitness.control`` one control per seed beside them on every device, so, in
-    float32 bytes:
+    """Refuse a generation that cannot fit; returns the estimate in bytes. Rough on purpose: it catches a setting
+    off by orders of magnitude before compiling. A generation trains ``members_here`` (this device's share of
+    es.popsize) x fitness.num_seeds agents, vmapped, plus one control per seed on every device with
+    ``fitness.control``; in float32 bytes:
         4 * (members_here + control) * num_seeds * run_floats * 2 (XLA's temporaries, _XLA_OVERHEAD)
         + 4 * es.popsize * num_dims * 3 (population, noise, shaped fitness) [+ 4 * num_dims^2 * 2 for CMA_ES]
-    where run_floats is one member's training storage, all its tasks together (each trainer config's
-    ``memory_floats()``; a trainer that declares none is left out, with a warning)."""
+    with run_floats one member's training storage over all tasks (each trainer config's ``memory_floats()``;
+    one that declares none is left out, with a warning)."""
     floats = [trainer_protocol.memory_floats(inner) for inner in task.inner_configs]
     if None in floats and available_bytes:  # a check would run: say what it leaves out
         print(f"warning: inner._target_: {task.algo} declares no memory_floats(), so the memory check counts "
