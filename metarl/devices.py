@@ -1,9 +1,7 @@
-"""Devices (docs/devices.md): one process per machine, which uses every core through as many CPU
-devices (or drives every local GPU); a mesh over the devices for the population axis; several hosts
-joined by ``jax.distributed``, started by the hosts' own launcher (SLURM, or ``METARL_*`` set by
-hand). The evolution state is one global, fully replicated array: each process runs the same
-ask/tell on it, and the population's members are split over the devices.
-"""
+"""Devices (docs/devices.md): one process per machine, which uses every core through as many CPU devices (or drives
+every local GPU); a mesh over the devices for the population axis; several hosts joined by ``jax.distributed``,
+started by the hosts' own launcher (SLURM, or ``METARL_*`` set by hand). The evolution state is one global, fully
+replicated array: each process runs the same ask/tell on it, and the population's members are split over the devices."""
 from __future__ import annotations
 
 import os
@@ -22,24 +20,16 @@ from metarl import compilation, rundir
 CPU_DEVICE_SETTINGS = ("JAX_NUM_CPU_DEVICES", "xla_force_host_platform_device_count")
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (loky's count): its affinity, a cgroup CPU quota, ``LOKY_MAX_CPU_COUNT``."""
-    import joblib
-
-    return joblib.cpu_count(only_physical_cores=False)
-
-
-# XLA ends the process (SIGABRT) when a CPU device has waited for another at a cross-device collective
-# for about a minute (20 s to a warning, then this flag's 40 s): a CPU generation of many minutes on a
-# machine with other work can lag that much on one device. XLA reads the flag from XLA_FLAGS when its
-# backend starts; jaxlib releases before 0.9 lack it, and an unknown flag would end the process too.
+# XLA ends the process (SIGABRT) when a CPU device has waited for another at a cross-device collective for about a
+# minute (20 s to a warning, then this flag's 40 s): a CPU generation of many minutes on a machine with other work can
+# lag that much on one device. XLA reads the flag from XLA_FLAGS when its backend starts; jaxlib releases before 0.9
+# lack it, and an unknown flag would end the process too.
 COLLECTIVE_TIMEOUT_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
 COLLECTIVE_TIMEOUT_S = 24 * 3600
 
 
 def patient_cpu_collectives() -> None:
-    """Let CPU devices wait for each other at a collective for a day (``COLLECTIVE_TIMEOUT_FLAG``)
-    unless ``XLA_FLAGS`` already sets the flag; effective only before JAX starts its backends."""
+    """Set ``COLLECTIVE_TIMEOUT_FLAG`` to a day unless ``XLA_FLAGS`` sets it; effective only before JAX starts."""
     flags = os.environ.get("XLA_FLAGS", "")
     if COLLECTIVE_TIMEOUT_FLAG in flags or tuple(int(x) for x in jaxlib.__version__.split(".")[:2]) < (0, 9):
         return
@@ -47,17 +37,18 @@ def patient_cpu_collectives() -> None:
 
 
 def use_cpu_cores(num_cpu_devices: int | str = "auto") -> None:
-    """Give this process its CPU devices before JAX starts its backends: ``num_cpu_devices``, or with
-    ``auto`` one per usable core (unless ``JAX_NUM_CPU_DEVICES`` or XLA's forced device count says how
-    many). With an accelerator they are idle and cost nothing. Once JAX has started, its devices stay;
-    a count that differs from them is refused (``ValueError``). Devices that wait for each other at a
-    collective wait as long as they must (``patient_cpu_collectives``)."""
+    """Give this process its CPU devices before JAX starts its backends: ``num_cpu_devices``, or with ``auto`` one
+    per usable core (unless ``JAX_NUM_CPU_DEVICES`` or XLA's forced device count says how many). With an accelerator
+    they are idle and cost nothing. Once JAX has started, its devices stay; another count is a ``ValueError``."""
+    import joblib
+
     patient_cpu_collectives()
     auto = num_cpu_devices == "auto"
     if auto and any(setting in os.environ.get("XLA_FLAGS", "") or os.environ.get(setting, "").strip()
                     for setting in CPU_DEVICE_SETTINGS):
         return
-    count = usable_cores() if auto else int(num_cpu_devices)
+    # the cores this process may run on (loky's count): its affinity, a cgroup CPU quota, LOKY_MAX_CPU_COUNT
+    count = joblib.cpu_count(only_physical_cores=False) if auto else int(num_cpu_devices)
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError:  # JAX has started its backends: the devices it has stay
@@ -68,10 +59,9 @@ def use_cpu_cores(num_cpu_devices: int | str = "auto") -> None:
 
 
 def population_mesh(popsize: int, fit: bool = False):
-    """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device.
-    The population must divide over the devices: padding members would cost compute for nothing.
-    ``fit`` (one process, its device count not chosen by the user): the mesh takes the largest number
-    of the devices that the population divides over instead."""
+    """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device. The population
+    must divide over the devices: padding members would cost compute for nothing. ``fit`` (one process, its device
+    count not chosen by the user): the mesh takes the largest number of the devices the population divides over."""
     n = jax.device_count()
     if fit and jax.process_count() == 1:
         n = max(d for d in range(1, n + 1) if popsize % d == 0)
@@ -82,7 +72,6 @@ def population_mesh(popsize: int, fit: bool = False):
 
 
 def run_mesh(cfg):
-    """The mesh a run's population is split over (``population_mesh`` with the run's settings)."""
     return population_mesh(cfg.es.popsize, fit=cfg.devices.num_cpu_devices == "auto")
 
 
@@ -95,9 +84,9 @@ def check_divides(popsize: int, n_devices: int) -> None:
 
 
 def replicate(tree: Any, mesh: Optional[Any]) -> Any:
-    """Place a host pytree on every device of ``mesh`` as global, fully replicated arrays, as a jitted
-    call over a multi-process mesh needs: each process builds its own shards from its (identical) host
-    copy, so nothing crosses processes. Without a mesh the tree is left to jit."""
+    """A host pytree on every device of ``mesh`` as global, fully replicated arrays, as a jitted call over a
+    multi-process mesh needs: each process builds its own shards from its (identical) host copy, so nothing crosses
+    processes. Without a mesh the tree is left to jit."""
     if mesh is None:
         return tree
     sharding = NamedSharding(mesh, P())
@@ -110,8 +99,7 @@ def replicate(tree: Any, mesh: Optional[Any]) -> Any:
 
 
 def memory_per_device() -> Optional[int]:
-    """Bytes one device can hold: the accelerator's own limit, or on CPU the machine's physical
-    memory (CPU devices share it); None when unknown."""
+    """Bytes one device can hold: the accelerator's limit, or on CPU the machine's RAM (CPU devices share it)."""
     device = jax.local_devices()[0]
     if device.platform != "cpu":
         return (device.memory_stats() or {}).get("bytes_limit")
@@ -122,8 +110,7 @@ def memory_per_device() -> Optional[int]:
 
 
 def members_per_memory(popsize: int) -> int:
-    """Members of the population that share one device's memory: a device's share on an
-    accelerator; on CPU every member this host runs (its CPU devices share its RAM)."""
+    """Members sharing one device's memory: a device's share on an accelerator; on CPU all that this host runs."""
     share = jax.device_count() if jax.local_devices()[0].platform != "cpu" else jax.process_count()
     return -(-popsize // share)
 
@@ -142,14 +129,11 @@ def distributed_settings(devices_cfg) -> tuple[int, Optional[str], Optional[int]
     num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS") or 1
     coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR") or None
     process_id = devices_cfg.process_id
-    if process_id is None:
-        process_id = _env_int("METARL_PROCESS_ID", "SLURM_PROCID")
-    return num, coordinator, process_id
+    return num, coordinator, _env_int("METARL_PROCESS_ID", "SLURM_PROCID") if process_id is None else process_id
 
 
 def setup(devices_cfg) -> None:
-    """This process's devices, before any JAX computation: its CPU devices (``use_cpu_cores``), then,
-    when several processes are configured, joining them; a single process needs nothing more."""
+    """This process's devices, before any JAX computation: its CPU devices, then joining the other processes."""
     compilation.enable_compilation_cache()
     use_cpu_cores(devices_cfg.num_cpu_devices)
     num, coordinator, process_id = distributed_settings(devices_cfg)
@@ -178,9 +162,8 @@ def barrier(name: str, timeout_s: float = 3600.0) -> None:
 
 
 def agree(flag: int, name: str, timeout_s: float = 3600.0) -> int:
-    """The largest ``flag`` over all processes (e.g. a stop signal one of them received); ``name``
-    must be new for each call (e.g. the generation). Every process first reaches the barrier, so the
-    gather after it waits for none."""
+    """The largest ``flag`` over all processes (e.g. a stop signal one of them received); ``name`` must be new for
+    each call (e.g. the generation). Every process first reaches the barrier, so the gather after it waits for none."""
     if jax.process_count() == 1:
         return flag
     barrier(name, timeout_s)

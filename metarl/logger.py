@@ -31,8 +31,7 @@ def say(text: str, error: bool = False) -> None:
 
 
 def scalars(record: dict) -> dict:
-    """A generation's record as the scalars that wandb and MLflow log, by name: its numbers (best,
-    mean, std, quantiles, frames/s, ...; the generation is the step), each task's
+    """The scalars wandb and MLflow log: the record's numbers (the generation is the step), each task's
     (``tasks/<name>/raw_mean``, ...) and the decoded search distribution (``search/mean/lr``, ...)."""
     data = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
     for name, values in record.get("tasks", {}).items():
@@ -73,6 +72,8 @@ class ConsoleSink(Sink):
 
     def log(self, r: dict) -> None:
         self.durations.append(r["seconds"])
+        if not self.lines:
+            return
         left = _duration((self.total - r["generation"]) * median_high(self.durations))
         bad = f" | diverged {r['nonfinite']}" if r.get("nonfinite") else ""
         if r.get("signal") is not None:  # the share of the fitness spread that is not seed noise
@@ -81,14 +82,12 @@ class ConsoleSink(Sink):
             bad += f" | vs baseline {r['best_vs_control']:+.4g}"
         if len(self.task_names) > 1 and "tasks" in r:  # the population's mean, raw (score)
             bad += " | " + " ".join(f"{n} {t['raw_mean']:.1f} ({t['score_mean']:.2f})" for n, t in r["tasks"].items())
-        if self.lines:
-            say(f"gen {r['generation']:>4}/{self.total} | best {r['best']:9.2f} | mean {r['mean']:9.2f} | best so far "
-                f"{r['best_so_far']:9.2f} | {r['fps']:9.3g} frames/s | {r['seconds']:6.1f} s | left {left}{bad}")
+        say(f"gen {r['generation']:>4}/{self.total} | best {r['best']:9.2f} | mean {r['mean']:9.2f} | best so far "
+            f"{r['best_so_far']:9.2f} | {r['fps']:9.3g} frames/s | {r['seconds']:6.1f} s | left {left}{bad}")
 
 
 @dataclasses.dataclass
 class JsonlSink(Sink):
-    """Every record, a line of ``metrics.jsonl`` in ``run_dir``."""
     run_dir: Path
 
     def log(self, record: dict) -> None:
@@ -183,32 +182,26 @@ class Logger:
     log_results, finish = _each("log_results", reverse=True), _each("finish", reverse=True)
 
 
-# --- MLflow ----------------------------------------------------------------------------------------
-
 PARENT_RUN_ENV = "METARL_MLFLOW_PARENT_RUN_ID"   # set by a sweep: its jobs' runs are nested under this run
 STEP_METRIC = "best"   # logged every generation: its last step is the last generation MLflow holds
 # A tracking server that cannot be reached fails the first request at once (MLflow would retry for
 # minutes) and within seconds (not two minutes); either variable, set beforehand, is kept.
 MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
 
 def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
-    """``(MLflow tracking URI, artifact root)`` of ``logger.mlflow.tracking_uri``. A folder is a local
-    store, no server needed: the SQLite database ``FOLDER/mlflow.db``, its runs' files in
-    ``FOLDER/artifacts`` (both absolute, so that a run resumed from elsewhere finds the same store). A
-    URI with a scheme (``http://HOST:PORT``, ``sqlite:///PATH``, ...) is MLflow's own; its server or
-    MLflow's default decides where files go (None)."""
-    if _SCHEME.match(tracking_uri):
+    """``(tracking URI, artifact root)``: a folder is a local store, ``FOLDER/mlflow.db`` and ``FOLDER/artifacts``
+    (absolute, so that a run resumed from elsewhere finds the same store); a URI with a scheme (``http://HOST:PORT``,
+    ``sqlite:///PATH``, ...) is MLflow's own, and its server or MLflow's default decides where files go (None)."""
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", tracking_uri):
         return tracking_uri, None
     folder = Path(tracking_uri).expanduser().absolute()
     return f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts")
 
 
 def check_mlflow(section: MlflowSection) -> None:
-    """``ConfigError`` if ``logger.mlflow.mode=enabled`` and MLflow cannot be imported (or, for a local
-    store, the SQL packages it needs), or refuses a ``file:`` store (MLflow 3 retired the file store):
-    checked with the run's settings, before anything is written."""
+    """``ConfigError``, before anything is written, if MLflow (or for a local store the SQL packages it needs)
+    cannot be imported or it refuses a ``file:`` store (MLflow 3 retired the file store)."""
     if section.mode != "enabled":
         return
     uri = mlflow_store(section.tracking_uri)[0]
@@ -229,17 +222,13 @@ def check_mlflow(section: MlflowSection) -> None:
 
 
 class MlflowRun:
-    """The MLflow run that a metarl run, or a sweep (the parent of its jobs' runs), logs to through
-    ``mlflow.MlflowClient``. The first call that fails (a tracking server that cannot be reached, a
-    store that refuses) is reported once, and MLflow is not called again in this process: the run
-    goes on, ``metrics.jsonl`` its record."""
+    """The MLflow run of a metarl run, or of a sweep (the parent of its jobs' runs): the one recorded in
+    ``record_dir/mlflow_run.json`` continued if it is in the same store, else a new one in ``section.experiment``
+    (default ``experiment``). The first call that fails (a server that cannot be reached, a store that refuses) is
+    reported once, and MLflow is not called again in this process: the run goes on, ``metrics.jsonl`` its record."""
 
     def __init__(self, section: MlflowSection, experiment: str, record_dir: Path, name: str, params: dict,
                  tags: dict, message: Callable[[str], None], parent_id: Optional[str] = None):
-        """The run recorded in ``record_dir/mlflow_run.json`` continued, if it is in the same store, or a
-        new one in experiment ``section.experiment`` (default ``experiment``), made if missing. The
-        config's ``params`` are logged (those the run lacks, when continued: MLflow keeps a parameter's
-        first value), and ``tags``, ``section.tags`` and, with ``parent_id``, the parent run's."""
         self.message, self.client, self.run_id = message, None, None
         self.last_step = 0   # the last generation MLflow holds
         try:
@@ -258,7 +247,7 @@ class MlflowRun:
             logging.getLogger("mlflow").setLevel(logging.WARNING)
         uri, artifacts = mlflow_store(section.tracking_uri)
         client = mlflow.MlflowClient(tracking_uri=uri)
-        record = (RunDir(record_dir).mlflow_run.read() or {})
+        record = RunDir(record_dir).mlflow_run.read() or {}
         run = None
         if record.get("tracking_uri") == uri:  # a resumed run: its MLflow run goes on, unless deleted
             try:
@@ -276,7 +265,7 @@ class MlflowRun:
             RunDir(record_dir).mlflow_run.write({"tracking_uri": uri, "run_id": run.info.run_id})
             logged, verb = {}, "new"
         all_tags = {**tags, **section.tags, **({"mlflow.parentRunId": parent_id} if parent_id else {})}
-        client.log_batch(run.info.run_id,
+        client.log_batch(run.info.run_id,  # a continued run's params only if new: MLflow keeps a param's first value
                          params=[Param(k, show_value(v)) for k, v in params.items() if k not in logged],
                          tags=[RunTag(k, show_value(v)) for k, v in all_tags.items()])
         self.client, self.run_id = client, run.info.run_id
@@ -290,8 +279,7 @@ class MlflowRun:
                      f"MLflow in this process, and {METRICS} keeps every generation")
 
     def send(self, what: str, method: str, *args) -> bool:
-        """``MlflowClient.<method>(run_id, *args)`` (``what`` names it in the warning if it fails); False,
-        sending nothing, once a call has failed."""
+        """``MlflowClient.<method>(run_id, *args)``, ``what`` named in the warning if it fails; False once one has."""
         if self.client is None:
             return False
         try:
@@ -312,14 +300,12 @@ class MlflowRun:
         return self.send(f"logging step {step}", "log_batch", metrics)
 
     def log_generation(self, generation: int, values: dict) -> None:
-        """One generation's scalars at step = generation, unless MLflow holds that step already (a
-        resumed run computes again the generations after its last checkpoint)."""
+        """At step ``generation`` unless MLflow holds it (a resumed run redoes those after its last checkpoint)."""
         if generation > self.last_step and self.log_metrics(values, generation):
             self.last_step = generation
 
     def log_files(self, paths: list, folder: Optional[str]) -> None:
-        """Files, into the run's ``folder`` of artifacts (None: at their top; a resumed run's replace the
-        earlier ones)."""
+        """Into the run's ``folder`` of artifacts (None: at their top); a resumed run's replace the earlier ones."""
         for path in paths:
             self.send(f"uploading {Path(path).name}", "log_artifact", str(path), folder)
 
