@@ -223,7 +223,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "trained_tasks": [s.name for s, t in zip(task.specs, loaded.on_train) if t],
         "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
         "best_generation": loaded.info.get("generation"), "best_fitness": loaded.info.get("fitness"),
-        "picked": loaded.info.get("picked"),   # the final pick on fresh seeds ("top 2", "search mean"); None without one
+        "picked": loaded.info.get("picked"),   # the pick on fresh seeds ("top 2", "search mean"); None without one
         "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
         "normalized": f"(R - random policy) / ({'tuned ' if tuned else ''}baseline mean - random policy), per task",
         "tuned": tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
@@ -285,7 +285,8 @@ def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix
         frames = np.arange(1, n_updates + 1) * (row["total_timesteps"] / n_updates)
         fig = plots.learning_curves_figure(
             frames, {label: curves[spec.name][label] for label in labels},
-            f"{loaded.task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {report['num_seeds']} fresh seeds")
+            f"{loaded.task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {report['num_seeds']} "
+            "fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir.figures / name))
     if len(rows) > 1:

@@ -52,7 +52,8 @@ def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Resto
     reference_returns = reference(cfg, task, run_dir, logger.message, shown, tuned and tuned["hyperparameters"])
     _, evo = build_evolution(cfg, task, mesh, reference_returns)
     searched = search(cfg, run_dir, task, evo, restored, logger, shown, config)
-    picked = pick(cfg, task, evo, searched.state, run_dir, shown, logger.message) if cfg.fitness.validation_top else None
+    picked = (pick(cfg, task, evo, searched.state, run_dir, shown, logger.message)
+              if cfg.fitness.validation_top else None)
     devices.barrier("finished")
     return Outcome(task, searched, picked)
 
@@ -161,7 +162,8 @@ def check_tuning(cfg: RunConfig) -> None:
 
 def _tuned_for(cfg: RunConfig, tuned: dict) -> bool:
     """Whether ``tuned`` (a tuned.json) was tuned over ``cfg``'s ``baseline.tune`` on its tasks."""
-    return tuned.get("search_space") == dict(cfg.baseline.tune) and tuned.get("tasks") == [s.name for s in task_specs(cfg)]
+    return (tuned.get("search_space") == dict(cfg.baseline.tune)
+            and tuned.get("tasks") == [s.name for s in task_specs(cfg)])
 
 
 def tuned_elsewhere(cfg: RunConfig) -> dict:
@@ -199,7 +201,8 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         tuned = tuned_elsewhere(cfg)
         if is_main:
             run_dir.tuned.write(tuned)
-        say(f"tuned baseline from {tuned['from']}: " + ", ".join(f"{k} {v:.4g}" for k, v in tuned["hyperparameters"].items()))
+        say(f"tuned baseline from {tuned['from']}: "
+            + ", ".join(f"{k} {v:.4g}" for k, v in tuned["hyperparameters"].items()))
         return tuned
     tcfg, tdir = tuning_config(cfg, run_dir), run_dir.tune
     say(f"tuning the baseline's {', '.join(cfg.baseline.tune)} first: {tcfg.es.generations} generations of "
