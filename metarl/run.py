@@ -9,14 +9,13 @@ from typing import Any
 
 import jax
 
-from metarl import devices, errors, rundir, stages
 from metarl import config as config_lib
-from metarl.rundir import CheckpointError
+from metarl import devices, errors, rundir, stages
 from metarl.cli import check_existing, fail
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import check_mlflow, say
-from metarl.rundir import RunDir
+from metarl.rundir import CheckpointError, RunDir
 from metarl.search import Interrupted, Restored, build_evolution, restore
 from metarl.tasks import Task, build_task, check_memory
 
