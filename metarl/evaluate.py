@@ -324,6 +324,7 @@ def format_report(report: dict) -> str:
                      + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
                      + (f"; its fitness on fresh seeds {t['fitness']:.3f} [{t['fitness_ci95'][0]:.3f}, "
                         f"{t['fitness_ci95'][1]:.3f}]" if t.get("fitness_ci95") else ""))
+        lines += [f"warning: tuned baseline: {w}" for w in t.get("warnings", [])]
     if "formula" in report:
         f = report["formula"]
         lines.append(f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "

@@ -228,12 +228,39 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
              "trainings": trainings(tcfg) + (outcome.picked["trainings"] if outcome.picked else 0),
              "search_trainings": trainings(cfg), "seed": tcfg.seed,
              "seconds": time.perf_counter() - t + earlier, "run_dir": tdir.path.name}
+    tuned["warnings"] = tuning_warnings(cfg.baseline.tune, tuned["hyperparameters"], outcome.searched.history)
     if is_main:
         run_dir.tuned.write(tuned)
     say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
                                        for k, v in tuned["hyperparameters"].items())
         + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
+    for warning in tuned["warnings"]:
+        say(f"warning: tuned baseline: {warning}")
     return tuned
+
+
+def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05) -> list[str]:
+    """Signs that a tuning has not found its optimum: a value within ``edge`` of an end of its range (a
+    fraction of the range, on the log scale where the range is one), or a population mean still rising
+    over the last third of the generations (its rise beyond twice the scatter about the fitted line)."""
+    found = []
+    for name, value in values.items():
+        low, high = space[name]["low"], space[name]["high"]
+        scale = np.log if space[name].get("log") else (lambda x: x)
+        where = float((scale(value) - scale(low)) / (scale(high) - scale(low)))
+        if min(where, 1 - where) < edge:
+            end, bound = ("low", low) if where < 0.5 else ("high", high)
+            found.append(f"{name} {value:.4g} lies within {edge:.0%} of its range's {end} end {bound:.4g}; "
+                         f"widen baseline.tune.{name}")
+    means = np.array([r["mean"] for r in history if r.get("mean") is not None], float)
+    last = means[-max(3, len(means) // 3):]
+    if len(means) >= 6:
+        slope, intercept = np.polyfit(np.arange(len(last)), last, 1)
+        scatter = np.std(last - (slope * np.arange(len(last)) + intercept))
+        if slope * (len(last) - 1) > 2 * scatter and slope > 0:
+            found.append(f"the population mean still rose over the last {len(last)} generations "
+                         f"({last[0]:.3g} -> {last[-1]:.3g}); run longer (baseline.generations)")
+    return found
 
 
 def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, shown: bool,

@@ -6,6 +6,7 @@ it tunes continues to the same tuned point; and the final pick, re-scored on see
 used, is the candidate that is really best, not the one the search's seeds flattered.
 """
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     assert tuned["trainings"] >= tuned["search_trainings"] > 0   # a budget at least the search's
     low, high = tuned["fitness_ci95"]                             # the pick's interval on fresh seeds
     assert low <= tuned["fitness"] <= high
+    assert isinstance(tuned["warnings"], list)   # edge and convergence checks (tuning_warnings)
     assert "tuned baseline: lr" in output
     # The learned part starts from the tuned values; the normalised fitness scores against the tuned PPO.
     cfg, task = results.load_run(run_dir)
@@ -156,3 +158,21 @@ def test_a_run_can_use_another_runs_tuned_baseline(tuned_run, tmp_path):
     # The budget compared with the tuning's is this run's search, not the search the tuning was made for.
     assert mine["trainings"] == theirs["trainings"] and mine["search_trainings"] == 5 < theirs["search_trainings"]
     assert json.loads((run_dir / "reference.json").read_text())["tuned"] == theirs["hyperparameters"]
+
+
+def test_a_tuning_on_its_ranges_edge_or_still_rising_is_flagged():
+    from metarl.stages import tuning_warnings
+
+    # The shipped H100 tuning: three values on the low ends of their ranges, its mean still climbing.
+    record = RunDir(Path(__file__).parents[1] / "docs" / "runs" / "tuned_schedule_h100")
+    tuned = record.tuned.read()
+    found = tuning_warnings(tuned["search_space"], tuned["hyperparameters"], record.tune.metrics())
+    assert [w.split()[0] for w in found[:3]] == ["ent_coef", "clip_eps", "gae_lambda"]
+    assert all("widen baseline.tune." in w for w in found[:3]) and "run longer" in found[3] and len(found) == 4
+    # An interior point (on the log scale where the range is one) and a flat, noisy mean: nothing to say.
+    space = {"lr": {"low": 1e-4, "high": 1e-2, "log": True}, "clip_eps": {"low": 0.05, "high": 0.4}}
+    flat = [{"mean": m} for m in (0.1, 0.5, 0.6, 0.55, 0.62, 0.58, 0.61, 0.57, 0.6)]
+    assert tuning_warnings(space, {"lr": 1.5e-4, "clip_eps": 0.2}, flat) == []
+    assert tuning_warnings(space, {"lr": 1.1e-4, "clip_eps": 0.39}, flat) == [
+        "lr 0.00011 lies within 5% of its range's low end 0.0001; widen baseline.tune.lr",
+        "clip_eps 0.39 lies within 5% of its range's high end 0.4; widen baseline.tune.clip_eps"]
