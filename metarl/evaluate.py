@@ -24,7 +24,6 @@ from metarl.rundir import RunDir
 from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
-FINAL_WINDOW = 0.1
 ALPHA = 0.05
 # Tests run where both sides are evaluated: (row's Welch key, aggregate key or None, challenger, reference).
 COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_configured", "learned", "configured"),
@@ -224,7 +223,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
         "best_generation": loaded.info.get("generation"), "best_fitness": loaded.info.get("fitness"),
         "picked": loaded.info.get("picked"),   # the pick on fresh seeds ("top 2", "search mean"); None without one
-        "statistic": f"mean episode return over the last {FINAL_WINDOW:.0%} of updates",
+        "statistic": _statistic(loaded.cfg.fitness),
         "normalized": f"(R - random policy) / ({'tuned ' if tuned else ''}baseline mean - random policy), per task",
         "tuned": tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
         "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
@@ -244,7 +243,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
 
 def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
     """Per task, each side's final returns, normalised scores and ``COMPARISONS``; per split, ``aggregate``."""
-    from metarl.outer_loops.fitness import final_window_mean, spans
+    from metarl.outer_loops.fitness import spans
 
     task, labels = loaded.task, {side.role: side.label for side in loaded.sides}
     baseline = labels["baseline"]
@@ -252,7 +251,8 @@ def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
     rows, normalized = [], {True: [], False: []}  # per split, per task: {side: normalised scores}
     for spec, inner, trained in zip(task.specs, task.inner_configs, loaded.on_train):
         c = curves[spec.name]
-        finals = {side.label: final_window_mean(c[side.label], FINAL_WINDOW) for side in loaded.sides}
+        # the search's own statistic (fitness.statistic, fitness.window): one final return for both
+        finals = {side.label: np.asarray(task.statistic(c[side.label]), float) for side in loaded.sides}
         base_mean, random_mean = float(np.nanmean(finals[baseline])), float(np.mean(c["random"]))
         # (R - random) / (baseline - random), with the same positive scale rule as the fitness
         span = float(spans({"base": [base_mean], "low": [random_mean]})[0])
@@ -298,6 +298,13 @@ def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix
         report["figure"] = rows[0]["figure"]
 
 
+def _statistic(fitness) -> str:
+    """The final return in words, as the search scores it."""
+    if fitness.statistic == "auc":
+        return "mean episode return over all updates (the search's fitness statistic, auc)"
+    return f"mean episode return over the last {fitness.window:.0%} of updates (the search's fitness statistic)"
+
+
 def _suffix(env, total_timesteps, tasks, task) -> str:
     """A suffix per setting so none overwrites another: "" (own tasks), ``_ENV``/``_FRAMES``, a digest of ``tasks``."""
     if tasks is not None:
@@ -323,7 +330,9 @@ def format_report(report: dict) -> str:
                                                     for k, v in t["hyperparameters"].items())
                      + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
                      + (f"; its fitness on fresh seeds {t['fitness']:.3f} [{t['fitness_ci95'][0]:.3f}, "
-                        f"{t['fitness_ci95'][1]:.3f}]" if t.get("fitness_ci95") else ""))
+                        f"{t['fitness_ci95'][1]:.3f}]" if t.get("fitness_ci95") else "")
+                     + (f", as the best of its candidates [{t['fitness_ci95_best_of'][0]:.3f}, "
+                        f"{t['fitness_ci95_best_of'][1]:.3f}]" if t.get("fitness_ci95_best_of") else ""))
         lines += [f"warning: tuned baseline: {w}" for w in t.get("warnings", [])]
     if "formula" in report:
         f = report["formula"]

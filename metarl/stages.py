@@ -130,6 +130,12 @@ def tuning_config(cfg: RunConfig, run_dir: RunDir) -> RunConfig:
                                baseline=config_lib.BaselineSection())
 
 
+def pick_trainings(cfg: RunConfig) -> int:
+    """The agents the final pick trains: the kept members and the mean, per fresh seed (and each's control)."""
+    return (cfg.fitness.validation_top + 1) * cfg.fitness.validation_seeds * (1 + (cfg.fitness.control == "paired")) \
+        if cfg.fitness.validation_top else 0
+
+
 def trainings(cfg: RunConfig) -> int:
     """The agents a search trains: members and control, per seed, per generation."""
     return (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds * cfg.es.generations
@@ -179,10 +185,11 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     if not _tuned_for(cfg, tuned) or fixed(theirs.get("inner")) != fixed(cfg.inner):
         raise ConfigError(f"baseline.tuned_from: {where} was tuned over another space, on other tasks or with other "
                           "inner settings; allowed: a run with this run's baseline.tune, tasks and inner")
-    if tuned["trainings"] < trainings(cfg):
+    if tuned["trainings"] < trainings(cfg) + pick_trainings(cfg):
         raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
-                          f"search's {trainings(cfg):,}; allowed: a tuning at least as large as the search")
-    return {**tuned, "search_trainings": trainings(cfg), "from": str(where.resolve())}
+                          f"search's {trainings(cfg) + pick_trainings(cfg):,}; allowed: a tuning at least as large as "
+                          "the search")
+    return {**tuned, "search_trainings": trainings(cfg) + pick_trainings(cfg), "from": str(where.resolve())}
 
 
 def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[dict]:
@@ -225,8 +232,9 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
              "search_space": dict(cfg.baseline.tune), "tasks": task.names, "picked": info.get("picked", "best member"),
              "fitness": info.get("validation_fitness", info.get("fitness")),
              "fitness_ci95": info.get("validation_ci95"),   # the pick's on fresh seeds (None without one)
+             "fitness_ci95_best_of": info.get("validation_ci95_best_of"),
              "trainings": trainings(tcfg) + (outcome.picked["trainings"] if outcome.picked else 0),
-             "search_trainings": trainings(cfg), "seed": tcfg.seed,
+             "search_trainings": trainings(cfg) + pick_trainings(cfg), "seed": tcfg.seed,
              "seconds": time.perf_counter() - t + earlier, "run_dir": tdir.path.name}
     tuned["warnings"] = tuning_warnings(cfg.baseline.tune, tuned["hyperparameters"], outcome.searched.history)
     if is_main:
@@ -280,8 +288,12 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     labels = [f"top {i + 1}" for i in found] + ["search mean"]
     search_fitness = [float(top_fitness[i]) for i in found] + [None]
     generation = [int(top_generation[i]) for i in found] + [int(state.generation)]
+    # The picked candidate is the best of k on these seeds: its interval at 1 - 0.05/k (Bonferroni) holds
+    # for all k at once, so it still covers the pick's true fitness after the choice.
     rows = [{"candidate": label, "generation": g, "search_fitness": f, "validation_fitness": float(v),
-             "validation_ci95": [float(b) for b in t_interval(np.asarray(s, np.float64))]}
+             "validation_ci95": [float(b) for b in t_interval(np.asarray(s, np.float64))],
+             "validation_ci95_best_of": [float(b) for b in t_interval(np.asarray(s, np.float64),
+                                                                       level=1 - 0.05 / len(labels))]}
             for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
     best = int(np.argmax(np.where(np.isfinite(fitness), fitness, -np.inf)))
     report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
@@ -290,10 +302,11 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
         run_dir.validation.write(report)
         run_dir.write_best(jax.tree.map(lambda x: x[best], candidates), {
             **best_info(cfg, task, generation[best], search_fitness[best]), "picked": labels[best],
-            "validation_fitness": rows[best]["validation_fitness"], "validation_ci95": rows[best]["validation_ci95"]})
+            **{key: rows[best][key] for key in ("validation_fitness", "validation_ci95", "validation_ci95_best_of")}})
     chosen = rows[best]
     message(f"picked on {report['seeds']} fresh seeds: {report['picked']}, fitness {chosen['validation_fitness']:.3f} "
-            f"[{chosen['validation_ci95'][0]:.3f}, {chosen['validation_ci95'][1]:.3f}] ("
+            f"[{chosen['validation_ci95'][0]:.3f}, {chosen['validation_ci95'][1]:.3f}], as the best of {len(rows)} "
+            f"[{chosen['validation_ci95_best_of'][0]:.3f}, {chosen['validation_ci95_best_of'][1]:.3f}] ("
             + "; ".join(f"{r['candidate']} {r['validation_fitness']:.3f}" for r in rows)
             + "); exported, validation.json has each")
     return report

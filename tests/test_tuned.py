@@ -48,6 +48,8 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     low, high = tuned["fitness_ci95"]                             # the pick's interval on fresh seeds
     assert low <= tuned["fitness"] <= high
     assert isinstance(tuned["warnings"], list)   # edge and convergence checks (tuning_warnings)
+    wide = tuned["fitness_ci95_best_of"]          # chosen as the best of its candidates: a wider interval
+    assert wide[0] <= low <= high <= wide[1]
     assert "tuned baseline: lr" in output
     # The learned part starts from the tuned values; the normalised fitness scores against the tuned PPO.
     cfg, task = results.load_run(run_dir)
@@ -77,6 +79,9 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     text = evaluate.format_report(report)
     assert "p vs tuned" in text and "p vs config" in text and "P(learned > baseline as configured)" in text
     assert f"its fitness on fresh seeds {tuned['fitness']:.3f} [" in text
+    assert ", as the best of its candidates [" in text
+    # One final return for the search and the evaluation: the run's fitness.statistic and window.
+    assert report["statistic"] == "mean episode return over the last 20% of updates (the search's fitness statistic)"
     picked = json.loads((run_dir / "validation.json").read_text())["picked"]
     assert report["picked"] == picked and f"({picked} of generation " in text.splitlines()[0]
 
@@ -91,6 +96,9 @@ def test_the_final_pick_is_exported_with_what_it_was_picked_from(tuned_run):
         assert validation["picked"] == labels[int(np.argmax(scores))]
         _, info = RunDir(where).read_best()
         assert info["picked"] == validation["picked"] and info["validation_fitness"] == max(scores)
+        for c in validation["candidates"]:  # the interval of the best of them covers the 95% one, and is wider
+            (low, high), (wide_low, wide_high) = c["validation_ci95"], c["validation_ci95_best_of"]
+            assert wide_low <= low <= high <= wide_high and (high == low or wide_high - wide_low > high - low)
     tuned = json.loads((run_dir / "tuned.json").read_text())
     assert tuned["picked"] == json.loads((run_dir / "tune" / "validation.json").read_text())["picked"]
 
@@ -156,7 +164,9 @@ def test_a_run_can_use_another_runs_tuned_baseline(tuned_run, tmp_path):
     mine, theirs = (json.loads((d / "tuned.json").read_text()) for d in (run_dir, source))
     assert mine["from"] == str(source.resolve()) and mine["hyperparameters"] == theirs["hyperparameters"]
     # The budget compared with the tuning's is this run's search, not the search the tuning was made for.
-    assert mine["trainings"] == theirs["trainings"] and mine["search_trainings"] == 5 < theirs["search_trainings"]
+    # 5 trainings a generation and the pick's 3 candidates x 4 seeds x 2 (paired), counted on both sides
+    assert mine["trainings"] == theirs["trainings"]
+    assert mine["search_trainings"] == 5 + 24 < theirs["search_trainings"]
     assert json.loads((run_dir / "reference.json").read_text())["tuned"] == theirs["hyperparameters"]
 
 
