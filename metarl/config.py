@@ -85,6 +85,8 @@ class BaselineSection:
                                             for v in space.values()), default_factory=dict)
     generations: int | None = _checked("a positive integer, or null (es.generations)",
                                        lambda n: n is None or n > 0, default=None)
+    # independent tunings, each on its own seed; the best on fresh seeds becomes the baseline, their spread reported
+    tunings: int = _positive(1)
     # es.* settings of the tuning search that differ from the run's own (e.g. {strategy: Sep_CMA_ES, std_init: 1.0})
     es: dict = dataclasses.field(default_factory=dict)
     # A finished tuning (same space, tasks and inner settings) to reuse: one tuned PPO shared by several searches.

@@ -333,6 +333,9 @@ def format_report(report: dict) -> str:
                         f"{t['fitness_ci95'][1]:.3f}]" if t.get("fitness_ci95") else "")
                      + (f", as the best of its candidates [{t['fitness_ci95_best_of'][0]:.3f}, "
                         f"{t['fitness_ci95_best_of'][1]:.3f}]" if t.get("fitness_ci95_best_of") else ""))
+        if t.get("tunings"):  # several tunings: how far apart they landed
+            lines.append(f"spread across {len(t['tunings'])} tunings (baseline: {t['chosen_by']}): " + ", ".join(
+                f"{k} {low:.4g} to {high:.4g}" for k, (low, high) in t["spread"].items()))
         lines += [f"warning: tuned baseline: {w}" for w in t.get("warnings", [])]
     if "formula" in report:
         f = report["formula"]

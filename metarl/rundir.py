@@ -4,7 +4,7 @@ path or a file's contents and never spells a file name (a test checks).
     config.yaml                the resolved config; ``resume=RUN_DIR`` continues from it
     metrics.jsonl              one strict-JSON record per generation
     reference.json             the reference returns a normalised fitness scores against
-    tuned.json                 the tuned baseline (``baseline.tune``); its search runs in ``tune/``
+    tuned.json                 the tuned baseline (``baseline.tune``); its searches run in ``tune/``, ``tune-2/``, ...
     validation.json            the final pick on fresh seeds
     best_meta_params.msgpack   the exported meta-parameters (flax msgpack) and, in ``.json``, what they are
     ckpt/                      Orbax checkpoints of the outer state
@@ -93,10 +93,11 @@ class RunDir(os.PathLike):
 
     __str__ = __fspath__
 
-    @property
-    def tune(self) -> "RunDir":
-        """The tuning search's own run directory."""
-        return RunDir(self.path / TUNE)
+    def tuning(self, i: int = 0) -> "RunDir":
+        """Tuning search ``i``'s own run directory: tune/, tune-2/, ..."""
+        return RunDir(self.path / (TUNE if i == 0 else f"{TUNE}-{i + 1}"))
+
+    tune = property(tuning)
 
     def evaluation(self, suffix: str = "") -> JsonFile:
         """``metarl.evaluate``'s report at one setting."""

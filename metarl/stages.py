@@ -27,7 +27,7 @@ from metarl.outer_loops.fitness import degenerate, spans, task_key
 
 # Streams of the run's seed for the reference measurements and the final pick; evolution splits
 # key(seed) itself, so folding in a constant gives keys it never uses.
-_BASE_STREAM, _LOW_STREAM, _VALIDATION_STREAM = 0x5EED_BA5E, 0x5EED_0001, 0x5EED_0002
+_BASE_STREAM, _LOW_STREAM, _VALIDATION_STREAM, _TUNINGS_STREAM = 0x5EED_BA5E, 0x5EED_0001, 0x5EED_0002, 0x5EED_0003
 # The tuning search's seed: the run's, with these bits flipped (never the run's own).
 _TUNING_SEED_BITS = 0x7E57_5EED
 
@@ -117,7 +117,7 @@ def describe(reference: dict) -> str:
                                                        spans(reference)))) + f" (over {reference['num_seeds']} seeds)"
 
 
-def tuning_config(cfg: RunConfig, run_dir: RunDir) -> RunConfig:
+def tuning_config(cfg: RunConfig, run_dir: RunDir, i: int = 0) -> RunConfig:
     """The search that tunes the baseline: kind hyperparams over ``baseline.tune`` from the configured values,
     with the run's tasks, fitness and search (``baseline.es`` differing, ``baseline.generations`` long), on a
     seed of its own, in the tuning's directory, logging to the console and metrics only."""
@@ -126,7 +126,7 @@ def tuning_config(cfg: RunConfig, run_dir: RunDir) -> RunConfig:
     es = config_lib.build(config_lib.ESSection, {**config_lib.to_dict(es), **b.es}, "baseline.es.")
     logger = dataclasses.replace(cfg.logger, wandb=config_lib.WandbSection(), mlflow=config_lib.MlflowSection())
     return dataclasses.replace(cfg, component={"kind": "hyperparams", "search": dict(b.tune)}, es=es, logger=logger,
-                               seed=cfg.seed ^ _TUNING_SEED_BITS, run_dir=str(RunDir(run_dir).tune),
+                               seed=cfg.seed ^ (_TUNING_SEED_BITS + i), run_dir=str(RunDir(run_dir).tuning(i)),
                                baseline=config_lib.BaselineSection())
 
 
@@ -211,12 +211,51 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         say(f"tuned baseline from {tuned['from']}: "
             + ", ".join(f"{k} {v:.4g}" for k, v in tuned["hyperparameters"].items()))
         return tuned
-    tcfg, tdir = tuning_config(cfg, run_dir), run_dir.tune
-    say(f"tuning the baseline's {', '.join(cfg.baseline.tune)} first: {tcfg.es.generations} generations of "
-        f"{tcfg.es.popsize} settings x {tcfg.fitness.num_seeds} seeds ({trainings(tcfg):,} trainings; the search's "
-        f"own: {trainings(cfg):,}) in {tdir}")
-    t = time.perf_counter()
+    tcfgs = [tuning_config(cfg, run_dir, i) for i in range(cfg.baseline.tunings)]
+    tcfg = tcfgs[0]
+    say(f"tuning the baseline's {', '.join(cfg.baseline.tune)} first: {len(tcfgs)} x {tcfg.es.generations} generations "
+        f"of {tcfg.es.popsize} settings x {tcfg.fitness.num_seeds} seeds ({trainings(tcfg):,} trainings each; the "
+        f"search's own: {trainings(cfg):,}) in {', '.join(c.run_dir for c in tcfgs)}")
+    runs = [_tune_once(c, mesh, shown) for c in tcfgs]
+    chosen, spread = 0, {}
+    if len(runs) > 1:  # each tuning's point on the same fresh seeds; the best becomes the baseline
+        fitness, per_seed, rescored = _fresh_scores(tcfg, [r["meta"] for r in runs], mesh, shown)
+        chosen = int(np.argmax(np.where(np.isfinite(fitness), fitness, -np.inf)))
+        for r, f, seeds in zip(runs, fitness, per_seed):
+            r.update(fresh_fitness=float(f), fresh_ci95=[float(b) for b in t_interval(np.asarray(seeds, float))])
+        spread = {"chosen": chosen, "chosen_by": f"the best of {len(runs)} tunings on {cfg.fitness.validation_seeds} "
+                  "fresh seeds", "spread": {key: [min(values), max(values)] for key, values in (
+                      ("fresh_fitness", [r["fresh_fitness"] for r in runs]),
+                      *((name, [r["hyperparameters"][name] for r in runs]) for name in cfg.baseline.tune))},
+                  "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history")} for r in runs]}
+    best = runs[chosen]
+    tuned = {"hyperparameters": best["hyperparameters"], "configured": best["configured"],
+             "search_space": dict(cfg.baseline.tune), "tasks": best["tasks"], "picked": best["picked"],
+             "fitness": best["fitness"], "fitness_ci95": best["fitness_ci95"],   # the pick's on fresh seeds
+             "fitness_ci95_best_of": best["fitness_ci95_best_of"],
+             "trainings": sum(r["trainings"] for r in runs) + (rescored if len(runs) > 1 else 0),
+             "search_trainings": trainings(cfg) + pick_trainings(cfg), "seed": best["seed"],
+             "seconds": sum(r["seconds"] for r in runs), "run_dir": best["run_dir"],
+             "warnings": tuning_warnings(cfg.baseline.tune, best["hyperparameters"], best["history"]), **spread}
     if is_main:
+        run_dir.tuned.write(tuned)
+    say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
+                                       for k, v in tuned["hyperparameters"].items())
+        + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
+    if spread:
+        say(f"tuned baseline: {spread['chosen_by']}: " + "; ".join(
+            f"{r['run_dir']} {r['fresh_fitness']:.3f} [{r['fresh_ci95'][0]:.3f}, {r['fresh_ci95'][1]:.3f}]"
+            for r in runs) + f"; {best['run_dir']} chosen")
+    for warning in tuned["warnings"]:
+        say(f"warning: tuned baseline: {warning}")
+    return tuned
+
+
+def _tune_once(tcfg: RunConfig, mesh: Any, shown: bool) -> dict:
+    """One tuning search in its own directory (continued after a kill), with its reference and pick: its
+    point by name, the pick's fitness, its trainings and seconds, its history and its meta-parameters."""
+    tdir, t = RunDir(tcfg.run_dir), time.perf_counter()
+    if jax.process_index() == 0:
         tdir.path.mkdir(exist_ok=True)
     task, evo = build_evolution(tcfg, mesh=mesh)
     restored = restore(tcfg, tdir, evo)
@@ -227,24 +266,27 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
     outcome = search_and_pick(tcfg, tdir, task, restored, mesh, logger, shown, config)
     logger.finish(outcome.searched.summary())
     meta, info = tdir.read_best(task.template)
-    tuned = {"hyperparameters": task.kind.values(task.component, meta),
-             "configured": {name: float(getattr(task.inner_config, name)) for name in task.component.names},
-             "search_space": dict(cfg.baseline.tune), "tasks": task.names, "picked": info.get("picked", "best member"),
-             "fitness": info.get("validation_fitness", info.get("fitness")),
-             "fitness_ci95": info.get("validation_ci95"),   # the pick's on fresh seeds (None without one)
-             "fitness_ci95_best_of": info.get("validation_ci95_best_of"),
-             "trainings": trainings(tcfg) + (outcome.picked["trainings"] if outcome.picked else 0),
-             "search_trainings": trainings(cfg) + pick_trainings(cfg), "seed": tcfg.seed,
-             "seconds": time.perf_counter() - t + earlier, "run_dir": tdir.path.name}
-    tuned["warnings"] = tuning_warnings(cfg.baseline.tune, tuned["hyperparameters"], outcome.searched.history)
-    if is_main:
-        run_dir.tuned.write(tuned)
-    say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
-                                       for k, v in tuned["hyperparameters"].items())
-        + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
-    for warning in tuned["warnings"]:
-        say(f"warning: tuned baseline: {warning}")
-    return tuned
+    return {"hyperparameters": task.kind.values(task.component, meta), "run_dir": tdir.path.name, "seed": tcfg.seed,
+            "configured": {name: float(getattr(task.inner_config, name)) for name in task.component.names},
+            "tasks": task.names, "picked": info.get("picked", "best member"),
+            "fitness": info.get("validation_fitness", info.get("fitness")),
+            "fitness_ci95": info.get("validation_ci95"), "fitness_ci95_best_of": info.get("validation_ci95_best_of"),
+            "trainings": trainings(tcfg) + (outcome.picked["trainings"] if outcome.picked else 0),
+            "seconds": time.perf_counter() - t + earlier, "history": outcome.searched.history, "meta": meta}
+
+
+def _fresh_scores(tcfg: RunConfig, metas: list, mesh: Any, shown: bool) -> tuple:
+    """``(fitness, per seed, trainings)`` of each tuning's point on ``fitness.validation_seeds`` seeds of a
+    stream of their own, scored as the first tuning scores its members (against its reference)."""
+    task = build_task(tcfg)
+    _, evo = build_evolution(tcfg, task, mesh, RunDir(tcfg.run_dir).reference.read())
+    candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *metas)
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(tcfg.seed), _TUNINGS_STREAM),
+                            tcfg.fitness.validation_seeds)
+    with progress(f"scoring {len(metas)} tuned points on {len(keys)} fresh seeds", enabled=shown):
+        fitness, per_seed = jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(
+            candidates, keys))
+    return np.asarray(fitness), np.asarray(per_seed), len(metas) * len(keys) * (1 + evo.paired)
 
 
 def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05) -> list[str]:

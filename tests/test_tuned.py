@@ -22,7 +22,8 @@ TUNE = "baseline.tune={lr: {low: 1.0e-4, high: 1.0e-2, log: true}, ent_coef: {lo
 ARGS = ["experiment=high_lr_schedule", *[a for a in TINY if not a.startswith("component.hidden")],
         "tasks=[CartPole-v1]", "eval_tasks=[Acrobot-v1]", "inner.total_timesteps=128", "fitness.num_seeds=2",
         "fitness.reference_seeds=2", "fitness.normalize=baseline", "es.generations=1", "baseline.generations=3",
-        "baseline.es={std_init: 2.0}", "fitness.validation_top=2", "fitness.validation_seeds=4", TUNE]
+        "baseline.es={std_init: 2.0}", "fitness.validation_top=2", "fitness.validation_seeds=4", TUNE,
+        "baseline.tunings=2"]
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,14 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     assert isinstance(tuned["warnings"], list)   # edge and convergence checks (tuning_warnings)
     wide = tuned["fitness_ci95_best_of"]          # chosen as the best of its candidates: a wider interval
     assert wide[0] <= low <= high <= wide[1]
+    # Two tunings on seeds of their own, both scored on the same fresh seeds; the better is the baseline.
+    first, second = tuned["tunings"]
+    assert [first["run_dir"], second["run_dir"]] == ["tune", "tune-2"] and first["seed"] != second["seed"]
+    assert tuned["hyperparameters"] == tuned["tunings"][tuned["chosen"]]["hyperparameters"]
+    assert tuned["tunings"][tuned["chosen"]]["fresh_fitness"] == max(first["fresh_fitness"], second["fresh_fitness"])
+    assert tuned["spread"]["lr"] == sorted([first["hyperparameters"]["lr"], second["hyperparameters"]["lr"]])
+    assert tuned["trainings"] == first["trainings"] + second["trainings"] + 2 * 4 * 2  # the fresh seeds' too
+    assert "the best of 2 tunings on 4 fresh seeds" in output and "tune-2" in output
     assert "tuned baseline: lr" in output
     # The learned part starts from the tuned values; the normalised fitness scores against the tuned PPO.
     cfg, task = results.load_run(run_dir)
@@ -80,6 +89,7 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     assert "p vs tuned" in text and "p vs config" in text and "P(learned > baseline as configured)" in text
     assert f"its fitness on fresh seeds {tuned['fitness']:.3f} [" in text
     assert ", as the best of its candidates [" in text
+    assert "spread across 2 tunings (baseline: the best of 2 tunings on 4 fresh seeds): fresh_fitness " in text
     # One final return for the search and the evaluation: the run's fitness.statistic and window.
     assert report["statistic"] == "mean episode return over the last 20% of updates (the search's fitness statistic)"
     picked = json.loads((run_dir / "validation.json").read_text())["picked"]
@@ -100,7 +110,7 @@ def test_the_final_pick_is_exported_with_what_it_was_picked_from(tuned_run):
             (low, high), (wide_low, wide_high) = c["validation_ci95"], c["validation_ci95_best_of"]
             assert wide_low <= low <= high <= wide_high and (high == low or wide_high - wide_low > high - low)
     tuned = json.loads((run_dir / "tuned.json").read_text())
-    assert tuned["picked"] == json.loads((run_dir / "tune" / "validation.json").read_text())["picked"]
+    assert tuned["picked"] == json.loads((run_dir / tuned["run_dir"] / "validation.json").read_text())["picked"]
 
 
 def test_a_kill_while_tuning_continues_to_the_same_tuned_point(tuned_run, tmp_path):
