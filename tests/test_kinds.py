@@ -99,12 +99,14 @@ def test_a_kind_added_by_one_registration_runs_end_to_end(step_scale_kind, tmp_p
     assert report["kind"] == "step_scale"
     sides = report["tasks"][0]["sides"]
     assert set(sides) == {"learned step_scale", "baseline: unscaled lr"}
-    # Each side's final return is the toy's last point at its step size: the exported multiplier's, and 1's.
+    # Each side's final return is the run's fitness statistic (auc here: the mean of the toy's curve) at its
+    # step size: the exported multiplier's, and 1's.
     def final(scale):
-        x = 0.0
+        x, curve = 0.0, []
         for _ in range(4):
             x = x + 0.05 * scale * 2.0 * (1.0 - x)
-        return -(x - 1.0) ** 2
+            curve.append(-(x - 1.0) ** 2)
+        return float(np.mean(curve))
 
     learned_scale = float(jnp.exp(results.load_best(run_dir).meta_params["log_scale"]))
     np.testing.assert_allclose(sides["learned step_scale"]["mean"], final(learned_scale), rtol=1e-4)
