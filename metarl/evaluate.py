@@ -20,14 +20,14 @@ import numpy as np
 
 from metarl.cli import check_run_to_read, run_command
 from metarl.errors import ConfigError
-from metarl.rundir import RunDir
+from metarl.rundir import CheckpointError, RunDir
 from metarl.stats import t_interval
 
 EVAL_ROOT = 10_000
 ALPHA = 0.05
 # Tests run where both sides are evaluated: (row's Welch key, aggregate key or None, challenger, reference).
 COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_configured", "learned", "configured"),
-               ("test_formula", "formula", "formula", "baseline"))
+               ("test_formula", "formula", "formula", "baseline"), ("test_per_task", "per_task", "per_task", "baseline"))
 
 
 def eval_keys(run_seed: int, num_seeds: int):
@@ -67,8 +67,9 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
 class Side:
     """One side of the evaluation: its label in the report, its role and, per task, ``train(key)``."""
     label: str
-    role: str            # learned, baseline (the one scores are normalised by), formula or configured
-    trainers: tuple
+    role: str            # learned, baseline (the one scores are normalised by), formula, configured or per_task
+    trainers: tuple      # per task: train(key), or with ``inputs`` make(inputs of seed i)(key)
+    inputs: Optional[tuple] = None   # per task, what each seed trains with (leading axis: seeds)
 
 
 @dataclasses.dataclass
@@ -105,11 +106,16 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
                          {**base.inner, **timesteps}, "env", env_args)]
 
     cfg, task = results.load_run(run_dir, evaluated)
-    meta, info = RunDir(run_dir).read_best(task.template)
     trained_keys = {_spec_key(s) for s in task_specs(cfg)}
     tuned = RunDir(run_dir).tuned.read() is not None
-    sides = [Side(f"learned {task.kind}", "learned", tuple(make(meta) for make in task.trainers)),
-             Side(("tuned baseline: " if tuned else "baseline: ") + task.kind.baseline(task.inner_config), "baseline",
+    try:
+        meta, info = RunDir(run_dir).read_best(task.template)
+    except CheckpointError:
+        if not tuned:
+            raise
+        meta, info = None, {}   # a run's tuning without its export (records keep the JSON): the baselines alone
+    sides = [Side(f"learned {task.kind}", "learned", tuple(make(meta) for make in task.trainers))] * (meta is not None)
+    sides += [Side(("tuned baseline: " if tuned else "baseline: ") + task.kind.baseline(task.inner_config), "baseline",
                   tuple(task.baselines))]
     formula = None
     if distilled is not None:
@@ -138,11 +144,13 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
     from metarl import compilation
     from metarl.inner_loops.envs import random_policy_return
 
-    programs = {spec.name: {"random": lambda k, spec=spec: random_policy_return(spec.env, k, spec.env_args or ())}
-                for spec in task.specs}  # per task, per side: key -> returns
+    programs = {spec.name: {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()),
+                                       None)} for spec in task.specs}  # per task, per side: (key, input) -> returns
     for side in sides:
-        for spec, train in zip(task.specs, side.trainers):
-            programs[spec.name][side.label] = lambda k, train=train: train(k)[1]["episode_return"]
+        for i, (spec, train) in enumerate(zip(task.specs, side.trainers)):
+            programs[spec.name][side.label] = (
+                (lambda k, x, train=train: train(k)[1]["episode_return"], None) if side.inputs is None
+                else (lambda k, x, make=train: make(x)(k)[1]["episode_return"], side.inputs[i]))
     # Task by task, compiled in threads (XLA compiles outside the GIL): one task's executables held at a time.
     from metarl.progress import progress
 
@@ -155,7 +163,7 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
     for i, spec in enumerate(task.specs):
         where = f"task {i + 1}/{len(task.specs)}: " if len(task.specs) > 1 else ""
         t = time.perf_counter()
-        lowered = {side: jax.jit(jax.vmap(fn), **split).lower(keys) for side, fn in programs[spec.name].items()}
+        lowered = {side: jax.jit(jax.vmap(fn), **split).lower(keys, x) for side, (fn, x) in programs[spec.name].items()}
         with progress(f"{where}compiling {len(lowered)} programs", total=len(lowered)) as bar, \
                 ThreadPoolExecutor(min(4, len(lowered))) as pool:
             def compile_one(low):
@@ -168,7 +176,7 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
         with progress(f"{where}training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
             for side, run in compiled.items():
                 t = time.perf_counter()
-                curves[spec.name][side] = np.asarray(jax.device_get(run(keys)), dtype=float)
+                curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[spec.name][side][1])), float)
                 seconds[spec.name][side] = time.perf_counter() - t
                 bar.update()
         del lowered, compiled
@@ -190,8 +198,10 @@ def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> di
 
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_cpu_devices: int | str = "auto",
-             tasks: list | None = None, distilled: int | None = None) -> dict:
-    """The report (also in RUN_DIR/evaluation[SUFFIX].json). ``num_cpu_devices``: as a run's, set before JAX
+             tasks: list | None = None, distilled: int | None = None, per_task: list | None = None,
+             per_task_tunings: int = 3, per_task_seeds: int = 2) -> dict:
+    """The report (also in RUN_DIR/evaluation[SUFFIX].json); ``per_task=[k, ...]`` adds PPO tuned on each task
+    with k trainings (``metarl.pertask``: ``per_task_tunings`` tunings of ``per_task_seeds`` seeds per setting). ``num_cpu_devices``: as a run's, set before JAX
     starts; after, the agents split over the devices JAX has. Bad input raises ``ConfigError`` (a ``ValueError``)
     naming the argument; an unreadable run directory, ``ConfigError`` or ``CheckpointError``."""
     from metarl import compilation, devices
@@ -212,6 +222,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     run_dir = Path(run_dir)
     loaded = _load(run_dir, env, total_timesteps, tasks, distilled)
     task = loaded.task
+    picks = _add_per_task(loaded, run_dir, per_task, per_task_tunings, per_task_seeds, num_seeds)
     root, keys = eval_keys(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh)
@@ -226,19 +237,62 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "statistic": _statistic(loaded.cfg.fitness),
         "normalized": f"(R - random policy) / ({'tuned ' if tuned else ''}baseline mean - random policy), per task",
         "tuned": tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
-        "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s,
+        "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s, "compute": _compute(loaded, tuned),
     }
+    if picks:
+        from metarl import pertask
+
+        ks = sorted(picks[0])
+        report["compute"]["per_task"] = {"per task and tuning": "k", "tunings per task": per_task_tunings}
+        report["per_task"] = {"ks": ks, "tunings": per_task_tunings, "seeds_per_setting": per_task_seeds,
+                              "tuner": "random search over the run's baseline.tune ranges, the best of k / seeds "
+                                       "settings by the fitness statistic, evaluation seed i with tuning i % tunings"}
+        for row, by_k in zip(rows, picks):
+            row["per_task"] = {str(k): pertask.record(by_k[k], np.asarray(row["sides"][pertask.label(k)][
+                "final_returns"])) for k in ks}
     if loaded.formula:
         report["formula"] = {"k": distilled, "label": loaded.side("formula").label,
                              **{key: loaded.formula[key] for key in ("expression", "size", "nmse", "component")}}
-    values = task.kind.values(task.component, loaded.meta)  # named trainer settings, where the kind learns such
+    values = None if loaded.meta is None else task.kind.values(task.component, loaded.meta)  # where it learns such
     if values is not None:
         report["learned_values"] = values
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
-    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_distilled{distilled}" if loaded.formula else "")
+    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_distilled{distilled}" if loaded.formula else "") + (
+        f"_per_task{'-'.join(str(k) for k in report['per_task']['ks'])}" if picks else "")
     _figures(RunDir(run_dir), loaded, curves, report, suffix)
     report["json"] = str(RunDir(run_dir).evaluation(suffix).write(report))
     return report
+
+
+def _add_per_task(loaded: Loaded, run_dir: Path, ks: list | None, tunings: int, seeds: int, num_seeds: int) -> Optional[list]:
+    """With ``ks``, a side per k of PPO tuned on each task (``metarl.pertask``); the picks per task, per k."""
+    if ks is None:
+        return None
+    from metarl import pertask
+    from metarl.tasks import build_task
+
+    spec = pertask.PerTask(tuple(sorted(set(ks))) if ks else (), tunings, seeds)
+    spec.check(loaded.cfg, num_seeds)
+    if not spec.ks:
+        raise ConfigError("per_task: []; allowed: a non-empty list of trainings per tuning, such as [16,64]")
+    hp = build_task(dataclasses.replace(loaded.cfg, component={"kind": "hyperparams",
+                                                               "search": dict(loaded.cfg.baseline.tune)}),
+                    loaded.task.specs)
+    picks = pertask.tune(loaded.cfg, hp, spec, RunDir(run_dir))
+    loaded.sides += [Side(pertask.label(k), "per_task", tuple(hp.trainers),
+                          tuple(pertask.per_seed(p[k], num_seeds) for p in picks)) for k in spec.ks]
+    return picks
+
+
+def _compute(loaded: Loaded, tuned: Optional[dict]) -> dict:
+    """Each side's tuning compute in trainings, on the trained-on tasks (a member's training on all of them counts
+    once); a side tuned per task spends k per task and tuning on the evaluated tasks themselves."""
+    from metarl.stages import pick_trainings, trainings
+
+    tuning = tuned["trainings"] if tuned else 0
+    compute = {"learned": {"search": trainings(loaded.cfg) + pick_trainings(loaded.cfg), "tuning": tuning},
+               "baseline": {"tuning": tuning}, "configured": {"tuning": 0}}
+    return {role: compute[role] for role in compute if loaded.side(role)}
 
 
 def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
@@ -270,8 +324,8 @@ def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
     for trained, name in ((False, "held-out"), (True, "trained-on")):
         if normalized[trained]:
             scores = {label: np.stack([n[label] for n in normalized[trained]], axis=1) for label in labels.values()}
-            (_, main), *others = [(key, aggregate(scores[labels[a]], scores[labels[b]])) for _, key, a, b in pairs]
-            aggregates[name] = {**main, **dict(others)}
+            found = {key: aggregate(scores[labels[a]], scores[labels[b]]) for _, key, a, b in pairs}
+            aggregates[name] = {**found.pop(None, {"tasks": len(normalized[trained])}), **found}
     return rows, aggregates
 
 
@@ -289,13 +343,17 @@ def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix
             "fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir.figures / name))
-    if len(rows) > 1:
+    if len(rows) > 1 and loaded.side("learned"):
         role = lambda r: loaded.side(r).label if loaded.side(r) else None  # noqa: E731
         fig = plots.task_scores_figure(rows, report["aggregate"], role("learned"), role("baseline"), role("formula"),
                                        role("configured"))
         report["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}.png"))
     else:
         report["figure"] = rows[0]["figure"]
+    if "per_task" in report:
+        fig = plots.per_task_figure(rows, report["per_task"]["ks"], _per_task_labels(report), loaded.side(
+            "baseline").label, loaded.side("learned") and loaded.side("learned").label)
+        report["per_task"]["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}_per_task.png"))
 
 
 def _statistic(fitness) -> str:
@@ -321,6 +379,8 @@ def format_report(report: dict) -> str:
     """The report as the command prints it: the header, a row per task, the IQMs per split."""
     which = (f"{report['picked']} of generation {report['best_generation']}, picked on fresh seeds"
              if report.get("picked") else f"best of generation {report['best_generation']}")
+    if not any(side["role"] == "learned" for side in report["sides"]):
+        which = "no exported learned part: its baselines alone"
     lines = [f"{report['kind']} from {report['run_dir']} ({which}): "
              f"{report['num_seeds']} fresh seeds per side and task (fold_in(key({report['key_root']}), i))",
              f"final return = {report['statistic']}; normalised = {report['normalized']}"]
@@ -342,11 +402,12 @@ def format_report(report: dict) -> str:
         lines.append(f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
                      "learned function; python -m metarl.distill)")
     roles = {side["role"]: side["label"] for side in report["sides"]}
-    lines += ["", *_table(report, roles), "", *_aggregate_lines(report, roles)]
+    lines += ["", *_table(report, roles), "", *_aggregate_lines(report, roles), _compute_line(report)]
     if "learned_values" in report:
         lines.append("hyperparameters (learned | baseline): " + ", ".join(
             f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))
-    lines += [f"wrote {report['json']}", f"wrote {report['figure']}"]
+    lines += [f"wrote {report['json']}", f"wrote {report['figure']}"] + (
+        [f"wrote {report['per_task']['figure']}"] if "per_task" in report else [])
     return "\n".join(lines)
 
 
@@ -354,17 +415,39 @@ def _short(label: str) -> str:
     return label.split(":")[0]
 
 
+def _per_task_labels(report: dict) -> list[str]:
+    return [side["label"] for side in report["sides"] if side["role"] == "per_task"]
+
+
+def _compute_line(report: dict) -> str:
+    """Each side's tuning compute, in trainings."""
+    c, parts = report.get("compute", {}), []
+    if "learned" in c:
+        parts.append(f"learned {c['learned']['search']:,} (its search and pick)"
+                     + (f" + {c['learned']['tuning']:,} (the tuning it starts from)" if c["learned"]["tuning"] else ""))
+    if c.get("baseline", {}).get("tuning"):
+        parts.append(f"tuned once {c['baseline']['tuning']:,} on the trained-on tasks")
+    if "per_task" in report:
+        p = report["per_task"]
+        parts.append(f"tuned per task k on each evaluated task ({p['tunings']} tunings per task here, "
+                     f"{p['seeds_per_setting']} seeds per setting)")
+    parts += ["as configured 0"] if "configured" in c else []
+    return "tuning compute in trainings: " + "; ".join(parts)
+
+
 def _table(report: dict, roles: dict) -> list[str]:
     """A row per task: each side's final return, the challengers' normalised scores, Welch's p of each test."""
-    learned = roles["learned"]
-    shown = [learned, *[roles[r] for r in ("formula", "baseline", "configured") if r in roles]]
-    scored = [learned] + ([roles["formula"]] if "formula" in roles else [])
-    tests = [("test", "p vs tuned" if "configured" in roles else "p (Welch)")]
-    tests += [("test_configured", "p vs config")] if "configured" in roles else []
+    learned, per_task = [roles[r] for r in ("learned",) if r in roles], _per_task_labels(report)
+    shown = [*learned, *[roles[r] for r in ("formula", "baseline") if r in roles], *per_task,
+             *([roles["configured"]] if "configured" in roles else [])]
+    scored = learned + ([roles["formula"]] if "formula" in roles else []) + per_task
+    tests = [("test", "p vs tuned" if "configured" in roles else "p (Welch)")] * bool(learned)
+    tests += [("test_configured", "p vs config")] if "configured" in roles and learned else []
     tests += [("test_formula", "p formula")] if "formula" in roles else []
+    tests += [("test_per_task", f"p {per_task[-1].split()[-1]}")] if per_task else []
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
     lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<28}" for s in shown)
-             + "".join(f"{'norm. ' + _short(s).split()[0]:>15}" for s in scored)
+             + "".join(f"{'norm. ' + _short(s).split()[-1 if s in per_task else 0]:>15}" for s in scored)
              + "".join(f"{name:>13}" for _, name in tests)]
     cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (  # noqa: E731
         f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
@@ -379,11 +462,11 @@ def _aggregate_lines(report: dict, roles: dict) -> list[str]:
     """Per split, the IQM of each side's normalised scores and the probabilities of improvement."""
     ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"  # noqa: E731
     named = {"learned": "learned", "formula": roles.get("formula"), "baseline": _short(roles["baseline"]),
-             "configured": _short(roles.get("configured", ""))}
+             "configured": _short(roles.get("configured", "")), "per_task": roles.get("per_task")}
     lines = []
     for name, agg in report["aggregate"].items():
         iqms = [f"{_short(roles['learned'])} {agg['iqm_learned']:.3f} {ci(agg['iqm_learned_ci95'])}",
-                f"{named['baseline']} {agg['iqm_baseline']:.3f} {ci(agg['iqm_baseline_ci95'])}"]
+                f"{named['baseline']} {agg['iqm_baseline']:.3f} {ci(agg['iqm_baseline_ci95'])}"] if "learned" in roles else []
         better = []
         for _, key, a, b in (c for c in COMPARISONS if c[2] in roles and c[3] in roles):
             v = agg if key is None else agg[key]
@@ -394,7 +477,8 @@ def _aggregate_lines(report: dict, roles: dict) -> list[str]:
                           f"{ci(v['probability_of_improvement_ci95'])}")
         lines += [f"{name} ({agg['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
                   "    " + "; ".join(better)]
-    order = [roles[r] for r in ("learned", "formula", "baseline", "configured") if r in roles]
+    order = [roles[r] for r in ("learned", "formula", "baseline") if r in roles] + _per_task_labels(report) + (
+        [roles["configured"]] if "configured" in roles else [])
     return lines + ["(sides: " + "; ".join(order) + "; stratified bootstrap CIs as rliable computes them)"]
 
 

@@ -327,7 +327,8 @@ def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") ->
     """Per side (``curves``: label -> (seeds, updates)), the mean return per update with its 95% t-interval."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
-    for (label, c), colour in zip(curves.items(), (LEARNED, BASELINE, "tab:green", "tab:red")):
+    for (label, c), colour in zip(curves.items(), (LEARNED, BASELINE, "tab:green", "tab:red", "tab:purple",
+                                                   "tab:brown", "tab:pink", "0.4")):
         c = np.asarray(c, dtype=float)
         low, high = t_interval(c, axis=0)
         ax.fill_between(frames, low, high, color=colour, alpha=0.25, lw=0)
@@ -379,4 +380,32 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
                                            for n in names], fontsize=8)
     agg.set_xlim(-0.6, len(names) - 0.4)
     agg.set_title("IQM (stratified bootstrap 95% CI)", fontsize=9)
+    return fig
+
+
+def per_task_figure(rows: Sequence[dict], ks: Sequence[int], per_task: Sequence[str], baseline: str,
+                    learned: Optional[str]) -> Figure:
+    """Per task: the final return of PPO tuned on it against its tuning trainings k (``per_task``: a side per k;
+    mean and 95% CI over the evaluation seeds, each tuning's own mean as a dot), with the single tuned
+    configuration (``baseline``) and the learned part as bands at no per-task cost."""
+    fig, axes = _grid(len(rows), 4, 3.6, 3.0, "final return against per-task tuning trainings (95% CI over seeds)")
+    for ax, row in zip(axes, rows):
+        for label, colour in ((baseline, BASELINE), (learned, LEARNED))[:1 + bool(learned)]:
+            side = row["sides"][label]
+            ax.axhspan(*side["ci95"], color=colour, alpha=0.2, lw=0)
+            ax.axhline(side["mean"], color=colour, lw=1.5, label=f"{label.split(':')[0]} (no per-task tuning)")
+        means = np.array([row["sides"][label]["mean"] for label in per_task])
+        lows, highs = np.array([row["sides"][label]["ci95"] for label in per_task]).T
+        ax.errorbar(ks, means, yerr=[means - lows, highs - means], fmt="o-", color="tab:green", capsize=3,
+                    label="tuned per task")
+        for k in ks:
+            spread = [t["mean"] for t in row.get("per_task", {}).get(str(k), [])]
+            ax.plot([k] * len(spread), spread, ".", color="tab:green", alpha=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(ks), [str(k) for k in ks])
+        ax.set(xlabel="trainings per tuning (k)", title=row["task"].replace("[", "\n["))
+        ax.title.set_fontsize(8)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("final return")
+    axes[0].legend(fontsize=6)
     return fig

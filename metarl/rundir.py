@@ -11,6 +11,7 @@ path or a file's contents and never spells a file name (a test checks).
     figures/                   inspect's, evaluate's and distill's figures
     evaluation[SUFFIX].json    ``metarl.evaluate``'s report, a suffix per setting
     distill.json               ``metarl.distill``'s front of formulas
+    per_task_tuning.json       ``metarl.evaluate per_task=...``'s finished tunings, reused when it runs again
     mlflow_run.json            the MLflow run the directory logs to (a run's, or a sweep's)
     wandb/                     the wandb run
     .lock                      filelock's lock (``fcntl.flock``, not a PID file): the kernel drops it when the
@@ -36,6 +37,7 @@ CONFIG, METRICS, REFERENCE, TUNED, VALIDATION = ("config.yaml", "metrics.jsonl",
                                                  "validation.json")
 BEST_PARAMS, BEST_INFO, DISTILL, MLFLOW_RUN = ("best_meta_params.msgpack", "best_meta_params.json", "distill.json",
                                                "mlflow_run.json")
+PER_TASK = "per_task_tuning.json"
 CKPT, FIGURES, TUNE, LOCK = "ckpt", "figures", "tune", ".lock"
 
 
@@ -84,8 +86,8 @@ class RunDir(os.PathLike):
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.ckpt, self.figures, self.lock = self.path / CKPT, self.path / FIGURES, self.path / LOCK
-        self.reference, self.tuned, self.validation, self.distill = (
-            JsonFile(self.path / name) for name in (REFERENCE, TUNED, VALIDATION, DISTILL))
+        self.reference, self.tuned, self.validation, self.distill, self.per_task = (
+            JsonFile(self.path / name) for name in (REFERENCE, TUNED, VALIDATION, DISTILL, PER_TASK))
         self.mlflow_run = JsonFile(self.path / MLFLOW_RUN, indent=1)
 
     def __fspath__(self) -> str:

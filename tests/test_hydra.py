@@ -23,7 +23,7 @@ def sweep(tmp_path_factory):
 def test_sweep_runs_each_job_in_its_own_run_dir_and_writes_a_summary(sweep):
     cwd, proc = sweep
     sweep_dir = cwd / "sweep"
-    assert f"summary in sweep/summary.csv" in proc.stdout
+    assert "summary in sweep/summary.csv" in proc.stdout
     with open(sweep_dir / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert rows == [{k: str(v) for k, v in row.items()} for row in json.loads((sweep_dir / "summary.json").read_text())]

@@ -153,7 +153,7 @@ def test_stopped_and_resumed_run_continues_its_mlflow_run_with_each_generation_o
 def test_mlflow_asked_for_but_not_installed_exits_2_having_written_nothing(tmp_path, sweep):
     # `sys.modules[name] = None` makes the package absent to this interpreter, as if not installed.
     code = ("import sys; sys.modules['mlflow'] = None; from metarl.evolve import main; "
-            f"sys.exit(main(sys.argv[1:]))")
+            "sys.exit(main(sys.argv[1:]))")
     args = [*(["-m"] if sweep else []), "experiment=value_loss", *TINY, "run_dir=run", "logger.mlflow.mode=enabled"]
     before = snapshot(tmp_path)
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env_vars(), capture_output=True,

@@ -6,6 +6,7 @@ it tunes continues to the same tuned point; and the final pick, re-scored on see
 used, is the candidate that is really best, not the one the search's seeds flattered.
 """
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -196,3 +197,51 @@ def test_a_tuning_on_its_ranges_edge_or_still_rising_is_flagged():
     assert tuning_warnings(space, {"lr": 1.1e-4, "clip_eps": 0.39}, flat) == [
         "lr 0.00011 lies within 5% of its range's low end 0.0001; widen baseline.tune.lr",
         "clip_eps 0.39 lies within 5% of its range's high end 0.4; widen baseline.tune.clip_eps"]
+
+
+def test_evaluate_adds_ppo_tuned_on_each_task_with_its_compute(tuned_run, tmp_path):
+    """``per_task=[k, ...]``: PPO tuned on each evaluated task by random search with k trainings, a side per k
+    beside the learned part and the single tuned configuration, each side's tuning compute stated."""
+    from metarl import evaluate
+
+    run_dir, _ = tuned_run
+    report = evaluate.evaluate(run_dir, num_seeds=4, num_cpu_devices=1, per_task=[4, 2], per_task_tunings=2,
+                               per_task_seeds=1)
+    labels = [side["label"] for side in report["sides"] if side["role"] == "per_task"]
+    assert labels == ["tuned per task at k=2", "tuned per task at k=4"] and report["per_task"]["ks"] == [2, 4]
+    done = RunDir(run_dir).per_task.read()
+    assert len(done) == 2 * 2   # two tasks, two tunings each: four random searches of 4 settings x 1 seed
+    for row in report["tasks"]:
+        assert set(labels) <= set(row["sides"]) and "test_per_task" in row
+        searches = [done[name] for name in done if name.startswith(row["task"] + " |")]
+        assert len(searches) == 2 and searches[0]["z"] != searches[1]["z"]   # tunings draw apart
+        for k in (2, 4):
+            picks = row["per_task"][str(k)]
+            assert [p["tuning"] for p in picks] == [0, 1] and picks[1]["seeds"] == [1, 3]   # seed i: tuning i % 2
+            for pick, search in zip(picks, searches):   # the best of the first k draws by its tuning score
+                assert pick["tuning_score"] == pytest.approx(max(s[0] for s in search["scores"][:k]))
+                assert set(pick["hyperparameters"]) == {"lr", "ent_coef"}
+            finals = row["sides"][f"tuned per task at k={k}"]["final_returns"]
+            assert picks[0]["mean"] == pytest.approx(np.mean(finals[0::2]))
+    assert report["compute"]["baseline"]["tuning"] == report["tuned"]["trainings"] > 0
+    assert report["compute"]["learned"]["search"] > 0 and report["compute"]["configured"]["tuning"] == 0
+    assert report["json"].endswith("_per_task2-4.json") and Path(report["per_task"]["figure"]).is_file()
+    text = evaluate.format_report(report)
+    assert "tuned per task at k=4 [95% CI]" in text and "p k=4" in text and "norm. k=2" in text
+    assert "tuning compute in trainings: learned " in text and "tuned per task k on each evaluated task" in text
+    # A second evaluation reuses the finished tunings: the same picks, no search run again.
+    stamp = RunDir(run_dir).per_task.path.stat().st_mtime_ns
+    again = evaluate.evaluate(run_dir, num_seeds=4, num_cpu_devices=1, per_task=[2, 4], per_task_tunings=2,
+                              per_task_seeds=1)
+    assert RunDir(run_dir).per_task.path.stat().st_mtime_ns == stamp
+    assert again["tasks"][0]["per_task"] == report["tasks"][0]["per_task"]
+    with pytest.raises(ValueError, match=r"^per_task: 3; allowed: a list of multiples of per_task_seeds \(2\)"):
+        evaluate.evaluate(run_dir, num_seeds=4, per_task=[3])
+    # Records that kept no exported learned part (a run's tuning alone): the baselines and the per-task side.
+    bare = tmp_path / "records"
+    shutil.copytree(run_dir, bare, ignore=shutil.ignore_patterns("best_meta_params.*", "ckpt", "tune", "tune-*"))
+    alone = evaluate.evaluate(bare, num_seeds=4, num_cpu_devices=1, per_task=[2, 4], per_task_tunings=2,
+                              per_task_seeds=1)
+    assert [side["role"] for side in alone["sides"]] == ["baseline", "configured", "per_task", "per_task"]
+    assert alone["tasks"][0]["per_task"] == report["tasks"][0]["per_task"]   # the copied tunings, reused
+    assert "(no exported learned part: its baselines alone)" in evaluate.format_report(alone)

@@ -1,0 +1,138 @@
+"""Per-task tuning, a side of ``metarl.evaluate`` (``per_task=[16,64]``): on each evaluated task, the run's
+``baseline.tune`` hyperparameters (the ranges its own tuning searched) tuned on that task by random search with k
+trainings. A tuning draws k / ``seeds`` settings uniformly (log-uniformly where ``log``), trains each on ``seeds``
+seeds, scores it by the run's fitness statistic and keeps the best. The k values share one tuning's draws (the
+best of its first k / ``seeds`` settings), so the largest k gives every smaller one. ``tunings`` tunings per task
+draw their settings and seeds from streams of their own, never evaluation's, and evaluation seed i trains with
+tuning ``i % tunings``'s pick: the side's interval holds the spread across tunings as well as across seeds.
+Finished tunings are kept in the run directory and reused, so a killed evaluation loses only the one it was in."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from metarl import compilation, devices
+from metarl.errors import ConfigError
+from metarl.progress import progress
+from metarl.rundir import RunDir
+
+# The stream of the run's seed that per-task tunings draw from (evaluate's keys come from key(10000)).
+_STREAM = 0x5EED_0004
+_CHUNK = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class PerTask:
+    """What a per-task side tunes with: the budgets ``ks`` (trainings per tuning), ``tunings`` per task and the
+    ``seeds`` each drawn setting trains on."""
+    ks: tuple
+    tunings: int = 3
+    seeds: int = 2
+
+    def check(self, cfg, num_seeds: int) -> None:
+        """``ConfigError`` naming the argument unless this side can be built for ``cfg``'s run."""
+        if not cfg.baseline.tune:
+            raise ConfigError("per_task: the run tuned no baseline, so there is no range to tune in; allowed: a run "
+                              "with baseline.tune")
+        if self.seeds < 1:
+            raise ConfigError(f"per_task_seeds: {self.seeds}; allowed: >= 1")
+        if self.tunings < 1 or self.tunings > num_seeds:
+            raise ConfigError(f"per_task_tunings: {self.tunings}; allowed: 1 to num_seeds ({num_seeds})")
+        for k in self.ks:
+            if not isinstance(k, int) or k < self.seeds or k % self.seeds:
+                raise ConfigError(f"per_task: {k!r}; allowed: a list of multiples of per_task_seeds ({self.seeds}), "
+                                  "such as [16,64]")
+
+    def points(self, k: int) -> int:
+        return k // self.seeds
+
+
+def label(k: int) -> str:
+    return f"tuned per task at k={k}"
+
+
+def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
+    """Per task of ``hp_task`` (kind hyperparams over ``baseline.tune``), ``{k: [pick per tuning]}``; a pick is
+    ``{"z": meta-parameters, "hyperparameters", "tuning_score", "tuning": j}``. Reads and extends the run
+    directory's finished tunings."""
+    space = json.dumps(dict(cfg.baseline.tune), sort_keys=True)
+    points = per_task.points(max(per_task.ks))
+    done = run_dir.per_task.read() or {}
+    picks = []
+    total = len(hp_task.specs) * per_task.tunings
+    with progress(f"tuning per task: {points * per_task.seeds} trainings per tuning", total=total) as bar:
+        for i, spec in enumerate(hp_task.specs):
+            runs = []
+            for j in range(per_task.tunings):
+                # a tuning is known by what it searched, on what, with which seeds and statistic
+                name = (f"{spec.name} | {space} | {cfg.fitness.statistic} {cfg.fitness.window} | seed {cfg.seed} | "
+                        f"tuning {j} | {points} x {per_task.seeds}")
+                if name not in done:
+                    done[name] = _tune_once(hp_task, i, points, per_task.seeds, _key(cfg.seed, i, j))
+                    if jax.process_index() == 0:
+                        run_dir.per_task.write(done)
+                runs.append(done[name])
+                bar.update()
+            picks.append({k: [_pick(hp_task, run, per_task.points(k), j) for j, run in enumerate(runs)]
+                          for k in per_task.ks})
+    return picks
+
+
+def _key(seed: int, task: int, tuning: int):
+    return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _STREAM), task), tuning)
+
+
+def _tune_once(hp_task, i: int, points: int, seeds: int, key) -> dict:
+    """One random search on task ``i``: its draws (as meta-parameters), each one's score per seed, its seconds."""
+    t = time.perf_counter()
+    names = hp_task.component.names
+    draws, train_keys = jax.random.split(key)
+    # sigmoid(z) uniform on (0, 1) is a setting uniform over its range (on the log scale where log)
+    u = jax.random.uniform(draws, (points, len(names)), minval=1e-6, maxval=1 - 1e-6)
+    z = {name: jnp.log(u[:, c] / (1 - u[:, c])) for c, name in enumerate(names)}
+    flat = {name: jnp.repeat(v, seeds) for name, v in z.items()}   # setting p on seeds p*seeds ... p*seeds+seeds-1
+    keys = jax.random.split(train_keys, points * seeds)
+    make, statistic = hp_task.trainers[i], hp_task.statistic
+    # at most _CHUNK agents at once (memory stays that of a search), one program for every chunk
+    chunk = math.gcd(points * seeds, _CHUNK)
+    mesh = devices.population_mesh(chunk, fit=True)
+    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
+                                     "out_shardings": NamedSharding(mesh, P("pop"))}
+    program = jax.jit(jax.vmap(lambda meta, k: statistic(make(meta)(k)[1]["episode_return"])), **split)
+    part = lambda tree, c: jax.tree.map(lambda x: x[c * chunk:(c + 1) * chunk], tree)  # noqa: E731
+    compiled = compilation.compile_program(program, part(flat, 0), part(keys, 0))
+    scores = np.concatenate([np.asarray(jax.device_get(compiled(part(flat, c), part(keys, c))), float)
+                             for c in range(points * seeds // chunk)])
+    return {"z": {name: [float(x) for x in v] for name, v in z.items()},
+            "scores": scores.reshape(points, seeds).tolist(), "seconds": time.perf_counter() - t}
+
+
+def _pick(hp_task, run: dict, n: int, tuning: int) -> dict:
+    """The best of a tuning's first ``n`` draws by its mean score over seeds (a diverged draw never wins)."""
+    means = np.asarray(run["scores"], float)[:n].mean(axis=1)
+    best = int(np.argmax(np.where(np.isfinite(means), means, -np.inf)))
+    meta = {name: jnp.float32(v[best]) for name, v in run["z"].items()}
+    return {"tuning": tuning, "z": meta, "tuning_score": float(means[best]),
+            "hyperparameters": hp_task.kind.values(hp_task.component, meta)}
+
+
+def per_seed(picks: list[dict], num_seeds: int) -> Any:
+    """The meta-parameters each evaluation seed trains with: seed i, tuning ``i % len(picks)``'s pick."""
+    return {name: np.asarray([picks[i % len(picks)]["z"][name] for i in range(num_seeds)], np.float32)
+            for name in picks[0]["z"]}
+
+
+def record(picks: list[dict], finals: np.ndarray) -> list[dict]:
+    """Each tuning's pick for the report, with the mean final return of the evaluation seeds it trained."""
+    n = len(picks)
+    return [{"tuning": p["tuning"], "hyperparameters": p["hyperparameters"], "tuning_score": p["tuning_score"],
+             "seeds": list(range(j, len(finals), n)), "mean": float(np.nanmean(finals[j::n]))}
+            for j, p in enumerate(picks)]
