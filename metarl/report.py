@@ -1,0 +1,114 @@
+"""What ``metarl.evaluate`` prints: the header, a row per task with each side's final return, the normalised
+scores and tests, the IQMs per split and each side's tuning compute, all read from the report's JSON."""
+from __future__ import annotations
+
+# Tests run where both sides are evaluated: (row's Welch key, aggregate key or None, challenger, reference).
+COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_configured", "learned", "configured"),
+               ("test_formula", "formula", "formula", "baseline"), ("test_per_task", "per_task", "per_task", "baseline"))
+
+
+def format_report(report: dict) -> str:
+    """The report as the command prints it: the header, a row per task, the IQMs per split."""
+    which = (f"{report['picked']} of generation {report['best_generation']}, picked on fresh seeds"
+             if report.get("picked") else f"best of generation {report['best_generation']}")
+    if not any(side["role"] == "learned" for side in report["sides"]):
+        which = "no exported learned part: its baselines alone"
+    lines = [f"{report['kind']} from {report['run_dir']} ({which}): "
+             f"{report['num_seeds']} fresh seeds per side and task (fold_in(key({report['key_root']}), i))",
+             f"final return = {report['statistic']}; normalised = {report['normalized']}"]
+    if report.get("tuned"):
+        t = report["tuned"]
+        lines.append("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
+                                                    for k, v in t["hyperparameters"].items())
+                     + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
+                     + (f"; its fitness on fresh seeds {t['fitness']:.3f} [{t['fitness_ci95'][0]:.3f}, "
+                        f"{t['fitness_ci95'][1]:.3f}]" if t.get("fitness_ci95") else "")
+                     + (f", as the best of its candidates [{t['fitness_ci95_best_of'][0]:.3f}, "
+                        f"{t['fitness_ci95_best_of'][1]:.3f}]" if t.get("fitness_ci95_best_of") else ""))
+        if t.get("tunings"):  # several tunings: how far apart they landed
+            lines.append(f"spread across {len(t['tunings'])} tunings (baseline: {t['chosen_by']}): " + ", ".join(
+                f"{k} {low:.4g} to {high:.4g}" for k, (low, high) in t["spread"].items()))
+        lines += [f"warning: tuned baseline: {w}" for w in t.get("warnings", [])]
+    if "formula" in report:
+        f = report["formula"]
+        lines.append(f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
+                     "learned function; python -m metarl.distill)")
+    roles = {side["role"]: side["label"] for side in report["sides"]}
+    lines += ["", *_table(report, roles), "", *_aggregate_lines(report, roles), _compute_line(report)]
+    if "learned_values" in report:
+        lines.append("hyperparameters (learned | baseline): " + ", ".join(
+            f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))
+    lines += [f"wrote {report['json']}", f"wrote {report['figure']}"] + (
+        [f"wrote {report['per_task']['figure']}"] if "per_task" in report else [])
+    return "\n".join(lines)
+
+
+def _short(label: str) -> str:
+    return label.split(":")[0]
+
+
+def _per_task_labels(report: dict) -> list[str]:
+    return [side["label"] for side in report["sides"] if side["role"] == "per_task"]
+
+
+def _compute_line(report: dict) -> str:
+    """Each side's tuning compute, in trainings."""
+    c, parts = report.get("compute", {}), []
+    if "learned" in c:
+        parts.append(f"learned {c['learned']['search']:,} (its search and pick)"
+                     + (f" + {c['learned']['tuning']:,} (the tuning it starts from)" if c["learned"]["tuning"] else ""))
+    if c.get("baseline", {}).get("tuning"):
+        parts.append(f"tuned once {c['baseline']['tuning']:,} on the trained-on tasks")
+    if "per_task" in report:
+        p = report["per_task"]
+        parts.append(f"tuned per task k on each evaluated task ({p['tunings']} tunings per task here, "
+                     f"{p['seeds_per_setting']} seeds per setting)")
+    parts += ["as configured 0"] if "configured" in c else []
+    return "tuning compute in trainings: " + "; ".join(parts)
+
+
+def _table(report: dict, roles: dict) -> list[str]:
+    """A row per task: each side's final return, the challengers' normalised scores, Welch's p of each test."""
+    learned, per_task = [roles[r] for r in ("learned",) if r in roles], _per_task_labels(report)
+    shown = [*learned, *[roles[r] for r in ("formula", "baseline") if r in roles], *per_task,
+             *([roles["configured"]] if "configured" in roles else [])]
+    scored = learned + ([roles["formula"]] if "formula" in roles else []) + per_task
+    tests = [("test", "p vs tuned" if "configured" in roles else "p (Welch)")] * bool(learned)
+    tests += [("test_configured", "p vs config")] if "configured" in roles and learned else []
+    tests += [("test_formula", "p formula")] if "formula" in roles else []
+    tests += [("test_per_task", f"p {per_task[-1].split()[-1]}")] if per_task else []
+    width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
+    lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<28}" for s in shown)
+             + "".join(f"{'norm. ' + _short(s).split()[-1 if s in per_task else 0]:>15}" for s in scored)
+             + "".join(f"{name:>13}" for _, name in tests)]
+    cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (  # noqa: E731
+        f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
+    for r in report["tasks"]:
+        lines.append(f"{r['task']:<{width}}{r['split']:<12}" + "".join(f"{cell(r['sides'][s]):<28}" for s in shown)
+                     + "".join(f"{r['normalized'][s]:>15.3f}" for s in scored)
+                     + "".join(f"{r[test]['welch_p']:>13.3g}" for test, _ in tests))
+    return lines
+
+
+def _aggregate_lines(report: dict, roles: dict) -> list[str]:
+    """Per split, the IQM of each side's normalised scores and the probabilities of improvement."""
+    ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"  # noqa: E731
+    named = {"learned": "learned", "formula": roles.get("formula"), "baseline": _short(roles["baseline"]),
+             "configured": _short(roles.get("configured", "")), "per_task": roles.get("per_task")}
+    lines = []
+    for name, agg in report["aggregate"].items():
+        iqms = [f"{_short(roles['learned'])} {agg['iqm_learned']:.3f} {ci(agg['iqm_learned_ci95'])}",
+                f"{named['baseline']} {agg['iqm_baseline']:.3f} {ci(agg['iqm_baseline_ci95'])}"] if "learned" in roles else []
+        better = []
+        for _, key, a, b in (c for c in COMPARISONS if c[2] in roles and c[3] in roles):
+            v = agg if key is None else agg[key]
+            if key is not None:  # the side this comparison adds: the configured baseline, or the formula
+                side, which = (b, "baseline") if a == "learned" else (a, "learned")
+                iqms.append(f"{named[side]} {v[f'iqm_{which}']:.3f} {ci(v[f'iqm_{which}_ci95'])}")
+            better.append(f"P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
+                          f"{ci(v['probability_of_improvement_ci95'])}")
+        lines += [f"{name} ({agg['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
+                  "    " + "; ".join(better)]
+    order = [roles[r] for r in ("learned", "formula", "baseline") if r in roles] + _per_task_labels(report) + (
+        [roles["configured"]] if "configured" in roles else [])
+    return lines + ["(sides: " + "; ".join(order) + "; stratified bootstrap CIs as rliable computes them)"]
