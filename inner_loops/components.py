@@ -463,15 +463,32 @@ class ValueLossFamily:
 # A schedule component has ``init(key)`` and ``apply(meta_params, progress) -> {field: multiplier}``,
 # the multipliers of float hyperparameters at this point of training (PPO's ``schedule`` seam: the
 # learning rate scales each update's step, the others scale the config's value for the update).
-# One that declares ``adaptive = True`` is also given ``observed=``, what the previous update saw.
+# One that declares ``adaptive = True`` is also given ``observed=``, what the previous update saw; one
+# that also names fields of ``OPTIONAL_OBSERVED`` in ``observes`` (a static tuple) gets those too, the
+# others staying NaN, so that a trainer computes and carries only what some schedule reads.
+
+_NAN = float("nan")  # a Python float, not an array: importing this module must not start a backend
 
 
 class Observed(NamedTuple):
     """What the agent's previous update saw (NaN before the first update): scalars, the means over
-    that update's minibatches. The inputs of an adaptive schedule."""
+    that update's minibatches. The inputs of an adaptive schedule. The last three are NaN throughout
+    unless the schedule names them in ``observes``; each is dimensionless, as a schedule sees neither
+    the config nor the environment's reward scale."""
 
     approx_kl: jax.Array       # KL(old policy || new policy), estimated as mean((r - 1) - log r)
     clip_fraction: jax.Array   # the fraction of samples whose ratio r was outside [1 - clip_eps, 1 + clip_eps]
+    # The value loss over half the variance of the update's value targets: 1 - explained variance for
+    # PPO's unclipped L2 loss, so 1 for a critic that predicts only the mean return, 0 for a perfect one.
+    relative_value_loss: jax.Array = _NAN
+    # The gradient's global norm before optax's clipping, over max_grad_norm: above 1 the step was clipped.
+    relative_grad_norm: jax.Array = _NAN
+    # The change of the mean episode return (the ``episode_return`` metric) over the update, relative to
+    # its size: (R - R_prev) / (|R| + |R_prev|), in [-1, 1]; NaN until an episode has ended.
+    return_trend: jax.Array = _NAN
+
+
+OPTIONAL_OBSERVED = ("relative_value_loss", "relative_grad_norm", "return_trend")
 
 
 SCHEDULED_FIELDS = ("lr", "ent_coef", "clip_eps")
@@ -555,3 +572,71 @@ class AdaptiveSchedules:
         x = self.features(progress, observed)
         return {field: jnp.exp(jnp.dot(meta_params[field], x)) for field in self.fields}
 
+
+@dataclasses.dataclass(frozen=True)
+class HorizonController:
+    """Multipliers exp(w . x) of ``fields``, a learned controller that knows its budget as well as
+    what training shows: ``AdaptiveSchedules``' inputs plus the run's horizon and three more
+    statistics of the previous update. x = (1, t, h, k, c, v, g, r):
+
+    - t: the fraction of training done;
+    - h = clip((log U - log ref_updates) / log 4, -3, 3), U the run's number of updates: the budget,
+      0 at ``ref_updates``, one unit per factor of 4 (a long run may keep a large step, a short one
+      must converge sooner: one controller for any horizon, as in TA-LPO);
+    - k = clip(log(KL / kl_ref), -3, 3) and c = clip_fraction / 0.2 - 0.5, as ``AdaptiveSchedules``;
+    - v = clip(log relative_value_loss, -3, 3): 0 when the critic explains nothing of the returns'
+      variance, -2.3 when it explains 90% (``Observed``; a log ratio, clipped, so finite for any env);
+    - g = clip(log relative_grad_norm, -3, 3): 0 at optax's clipping threshold ``max_grad_norm``,
+      above 0 when the step was clipped;
+    - r = clip(10 return_trend, -3, 3): the mean return's relative change over the update, about 1
+      for a 20% gain (``return_trend`` is in [-1, 1] and 0.1 is a large step for one update).
+
+    The statistics k, c, v, g and r are 0 before the first update (``Observed`` NaN) and r also until
+    an episode has ended. Meta-parameters: 8 per field; zero is the config's own values exactly
+    (every multiplier exp(0) = 1). Without ``observed`` (a figure of the learned part) k = c = v =
+    g = r = 0."""
+
+    fields: tuple = SCHEDULED_FIELDS
+    ref_updates: int = 256
+    kl_ref: float = 0.01
+    adaptive = True
+    observes = OPTIONAL_OBSERVED
+    FEATURES = ("1", "t", "h", "k", "c", "v", "g", "r")
+
+    def __post_init__(self):
+        unknown = [f for f in self.fields if f not in SCHEDULED_FIELDS]
+        if isinstance(self.fields, str) or unknown or not self.fields:
+            raise ValueError(f"fields: {list(self.fields)!r}; allowed: one or more of {', '.join(SCHEDULED_FIELDS)}")
+        if isinstance(self.ref_updates, bool) or not isinstance(self.ref_updates, int) or self.ref_updates < 1:
+            raise ValueError(f"ref_updates: {self.ref_updates!r}; allowed: an integer >= 1")
+        if isinstance(self.kl_ref, bool) or not isinstance(self.kl_ref, (int, float)) or not self.kl_ref > 0:
+            raise ValueError(f"kl_ref: {self.kl_ref!r}; allowed: a number > 0")
+
+    def init(self, key):
+        return {field: jnp.zeros((len(self.FEATURES),)) for field in self.fields}
+
+    def features(self, progress: Progress, observed: Observed | None = None) -> jax.Array:
+        t = progress.fraction
+        horizon = (progress.log_updates - jnp.log(jnp.float32(self.ref_updates))) / jnp.log(jnp.float32(4.0))
+        h = jnp.broadcast_to(jnp.clip(horizon, -3.0, 3.0), jnp.shape(t))
+        if observed is None:
+            stats = [jnp.zeros_like(t)] * 5
+        else:
+            def log_ratio(x, ref=1.0):  # clipped, so finite whatever the env's scale; 0 when not seen
+                x = jnp.asarray(x, jnp.float32)
+                return jnp.where(jnp.isnan(x), 0.0, jnp.clip(jnp.log(jnp.maximum(x, 1e-12) / ref), -3.0, 3.0))
+
+            def seen(x, value):
+                return jnp.where(jnp.isnan(jnp.asarray(x, jnp.float32)), 0.0, value)
+            stats = [log_ratio(observed.approx_kl, self.kl_ref),
+                     seen(observed.clip_fraction, observed.clip_fraction / 0.2 - 0.5),
+                     log_ratio(observed.relative_value_loss),
+                     log_ratio(observed.relative_grad_norm),
+                     seen(observed.return_trend, jnp.clip(10.0 * jnp.asarray(observed.return_trend, jnp.float32),
+                                                          -3.0, 3.0))]
+            stats = [jnp.broadcast_to(s, jnp.shape(t)) for s in stats]
+        return jnp.stack([jnp.ones_like(t), t, h, *stats])
+
+    def apply(self, meta_params, progress: Progress, observed: Observed | None = None):
+        x = self.features(progress, observed)
+        return {field: jnp.exp(jnp.dot(meta_params[field], x)) for field in self.fields}

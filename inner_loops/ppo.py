@@ -46,6 +46,7 @@ from metarl.inner_loops.components import (
     CLIPPED_SURROGATE,
     CONSTANT_SCHEDULE,
     L2_VALUE_LOSS,
+    OPTIONAL_OBSERVED,
     Component,
     Observed,
     Progress,
@@ -302,6 +303,11 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
     env, env_params, network = make_agent(config)
     continuous = network.continuous
     adaptive = getattr(schedule, "adaptive", False)
+    # The statistics beyond KL and clip fraction that the schedule reads: only these are computed and
+    # carried, so PPO without such a schedule is the same program as before they existed.
+    observes = tuple(getattr(schedule, "observes", ())) if adaptive else ()
+    if any(name not in OPTIONAL_OBSERVED for name in observes):
+        raise ValueError(f"schedule.observes: {list(observes)!r}; allowed: some of {', '.join(OPTIONAL_OBSERVED)}")
     if continuous:
         action_space = env.action_space(env_params)
         low = jnp.broadcast_to(jnp.asarray(action_space.low, jnp.float32), (network.action_dim,))
@@ -353,9 +359,11 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
 
         def update(carry, xs):
             key, i_update = xs
-            params, opt_state, env_state, obs, ep_return, last_mean, observed = carry
+            params, opt_state, env_state, obs, ep_return, last_mean, (kl_prev, clip_prev, *extra) = carry
             progress = training_progress(i_update, n_updates)
-            seen = {"observed": observed} if adaptive else {}  # what the previous update saw
+            # What the previous update saw; the statistics nobody reads stay NaN constants.
+            observed = Observed(kl_prev, clip_prev, **(extra[0] if observes else {}))
+            seen = {"observed": observed} if adaptive else {}
             scales = schedule.apply(_meta(meta_params, "schedule"), progress, **seen)
             step_scale = scales.get("lr")
             update_config = config.replace(**{k: getattr(config, k) * m for k, m in scales.items() if k != "lr"})
@@ -429,6 +437,8 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 params, opt_state = c
                 with jax.named_scope("network"):
                     (_, aux), grads = grad_fn(params, mb, progress, update_config)
+                if "relative_grad_norm" in observes:  # before the clipping in tx
+                    aux = (*aux, optax.global_norm(grads))
                 with jax.named_scope("optimizer"):
                     updates, opt_state = tx.update(grads, opt_state, params)
                     if step_scale is not None:  # Adam's step is proportional to its learning rate
@@ -437,17 +447,30 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 return (params, opt_state), aux
 
             (params, opt_state), aux = jax.lax.scan(minibatch, (params, opt_state), minibatches)
-            v_loss, pg_loss, ent, kl, clip_fraction = (a.mean() for a in aux)
+            v_loss, pg_loss, ent, kl, clip_fraction, *grad_norm = (a.mean() for a in aux)
 
             n_done = t_done.sum()
             mean_return = jnp.where(n_done > 0, t_finished.sum() / jnp.maximum(n_done, 1), last_mean)
             metrics = {"episode_return": mean_return, "episodes": n_done, "value_loss": v_loss,
                        "policy_loss": pg_loss, "entropy": ent, "approx_kl": kl, "clip_fraction": clip_fraction}
-            carry = (params, opt_state, env_state, obs, ep_return, mean_return, Observed(kl, clip_fraction))
+            seen = (kl, clip_fraction)
+            if observes:
+                stats, return_ref = {}, extra[1]  # return_ref: the mean episode return, NaN until one ended
+                if "relative_value_loss" in observes:
+                    stats["relative_value_loss"] = v_loss / (0.5 * data.target.var() + 1e-8)
+                if "relative_grad_norm" in observes:
+                    stats["relative_grad_norm"] = grad_norm[0] / config.max_grad_norm
+                if "return_trend" in observes:
+                    stats["return_trend"] = ((mean_return - return_ref)
+                                             / (jnp.abs(mean_return) + jnp.abs(return_ref) + 1e-8))
+                return_ref = jnp.where(n_done > 0, mean_return, return_ref)
+                seen = (*seen, stats, return_ref)
+            carry = (params, opt_state, env_state, obs, ep_return, mean_return, seen)
             return carry, metrics
 
-        carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()),
-                 Observed(jnp.float32(jnp.nan), jnp.float32(jnp.nan)))  # nothing seen before the first update
+        nan = jnp.float32(jnp.nan)  # nothing seen before the first update
+        seen = (nan, nan) + (({name: nan for name in observes}, nan) if observes else ())
+        carry = (params, opt_state, env_state, obs, jnp.zeros(n_envs), jnp.zeros(()), seen)
         carry, metrics = jax.lax.scan(update, carry, (jax.random.split(k_run, n_updates),
                                                       jnp.arange(n_updates, dtype=jnp.int32)))
         return carry[0], metrics
