@@ -4,7 +4,8 @@ trainings. A tuning draws k / ``seeds`` settings uniformly (log-uniformly where 
 seeds, scores it by the run's fitness statistic and keeps the best. The k values share one tuning's draws (the
 best of its first k / ``seeds`` settings), so the largest k gives every smaller one. ``tunings`` tunings per task
 draw their settings and seeds from streams of their own, never evaluation's, and evaluation seed i trains with
-tuning ``i % tunings``'s pick: the side's interval holds the spread across tunings as well as across seeds.
+tuning ``i % tunings``'s pick: the side's interval holds the spread across tunings as well as across seeds. Every
+task draws the same settings and seeds for tuning j (common random numbers).
 Finished tunings are kept in the run directory and reused, so a killed evaluation loses only the one it was in."""
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
                 name = (f"{spec.name} | {space} | {cfg.fitness.statistic} {cfg.fitness.window} | seed {cfg.seed} | "
                         f"tuning {j} | {points} x {per_task.seeds}")
                 if name not in done:
-                    done[name] = _tune_once(hp_task, i, points, per_task.seeds, _key(cfg.seed, i, j))
+                    done[name] = _tune_once(hp_task, i, points, per_task.seeds, _key(cfg.seed, j))
                     if jax.process_index() == 0:
                         run_dir.per_task.write(done)
                 runs.append(done[name])
@@ -86,8 +87,10 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
     return picks
 
 
-def _key(seed: int, task: int, tuning: int):
-    return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _STREAM), task), tuning)
+def _key(seed: int, tuning: int):
+    """Tuning ``tuning``'s draws and seeds, the same on every task (common random numbers): tasks are compared
+    on the same settings, and a task's tuning does not depend on the list it is evaluated in."""
+    return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _STREAM), 0), tuning)
 
 
 def _tune_once(hp_task, i: int, points: int, seeds: int, key) -> dict:

@@ -211,6 +211,8 @@ def test_evaluate_adds_ppo_tuned_on_each_task_with_its_compute(tuned_run, tmp_pa
     assert labels == ["tuned per task at k=2", "tuned per task at k=4"] and report["per_task"]["ks"] == [2, 4]
     done = RunDir(run_dir).per_task.read()
     assert len(done) == 2 * 2   # two tasks, two tunings each: four random searches of 4 settings x 1 seed
+    first, second = ([done[n] for n in done if n.startswith(row["task"] + " |")] for row in report["tasks"])
+    assert first[0]["z"] == second[0]["z"]   # tuning j draws the same settings on every task
     for row in report["tasks"]:
         assert set(labels) <= set(row["sides"]) and "test_per_task" in row
         searches = [done[name] for name in done if name.startswith(row["task"] + " |")]
