@@ -388,7 +388,7 @@ def per_task_figure(rows: Sequence[dict], ks: Sequence[int], per_task: Sequence[
     """Per task: the final return of PPO tuned on it against its tuning trainings k (``per_task``: a side per k;
     mean and 95% CI over the evaluation seeds, each tuning's own mean as a dot), with the single tuned
     configuration (``baseline``) and the learned part as bands at no per-task cost."""
-    fig, axes = _grid(len(rows), 4, 3.6, 3.0, "final return against per-task tuning trainings (95% CI over seeds)")
+    fig, axes = _grid(len(rows), 4, 4.2, 3.0, "final return against tuning trainings per task (95% CIs)")
     for ax, row in zip(axes, rows):
         for label, colour in ((baseline, BASELINE), (learned, LEARNED))[:1 + bool(learned)]:
             side = row["sides"][label]

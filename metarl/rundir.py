@@ -65,7 +65,7 @@ def to_json_line(record: dict) -> str:
 class JsonFile:
     """One JSON file of a run directory, written whole or not at all."""
 
-    def __init__(self, path: Path, indent: int = 2):
+    def __init__(self, path: Path, indent: Optional[int] = 2):
         self.path, self.indent = path, indent
 
     def read(self) -> Optional[dict]:
@@ -86,8 +86,9 @@ class RunDir(os.PathLike):
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.ckpt, self.figures, self.lock = self.path / CKPT, self.path / FIGURES, self.path / LOCK
-        self.reference, self.tuned, self.validation, self.distill, self.per_task = (
-            JsonFile(self.path / name) for name in (REFERENCE, TUNED, VALIDATION, DISTILL, PER_TASK))
+        self.reference, self.tuned, self.validation, self.distill = (
+            JsonFile(self.path / name) for name in (REFERENCE, TUNED, VALIDATION, DISTILL))
+        self.per_task = JsonFile(self.path / PER_TASK, indent=None)   # thousands of numbers: one line
         self.mlflow_run = JsonFile(self.path / MLFLOW_RUN, indent=1)
 
     def __fspath__(self) -> str:
