@@ -48,8 +48,10 @@ def gain(row: dict, label: str, baseline: str) -> dict:
     with a Welch 95% interval (the sides share evaluation seeds; unpaired is the conservative test)."""
     from scipy import stats
 
+    from metarl.outer_loops.fitness import spans
+
     a, b = (np.asarray(row["sides"][s]["final_returns"], float) for s in (label, baseline))
-    span = abs(row["sides"][baseline]["mean"] - row["random_return"]) or 1.0
+    span = float(spans({"base": [row["sides"][baseline]["mean"]], "low": [row["random_return"]]})[0])
     low, high = stats.ttest_ind(a, b, equal_var=False).confidence_interval()
     return {"gain": float((a.mean() - b.mean()) / span), "ci95": [float(low / span), float(high / span)]}
 

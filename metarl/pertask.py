@@ -71,13 +71,14 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
     total = len(hp_task.specs) * per_task.tunings
     with progress(f"tuning per task: {points * per_task.seeds} trainings per tuning", total=total) as bar:
         for i, spec in enumerate(hp_task.specs):
-            runs = []
+            runs, score = [], None   # one program for the task's tunings, compiled only if one must run
             for j in range(per_task.tunings):
                 # a tuning is known by what it searched, on what, with which seeds and statistic
                 name = (f"{spec.name} | {space} | {cfg.fitness.statistic} {cfg.fitness.window} | seed {cfg.seed} | "
                         f"tuning {j} | {points} x {per_task.seeds}")
                 if name not in done:
-                    done[name] = _tune_once(hp_task, i, points, per_task.seeds, _key(cfg.seed, j))
+                    score = score or _scorer(hp_task, i, points * per_task.seeds)
+                    done[name] = _tune_once(hp_task.component.names, points, per_task.seeds, _key(cfg.seed, j), score)
                     if jax.process_index() == 0:
                         run_dir.per_task.write(done)
                 runs.append(done[name])
@@ -93,27 +94,35 @@ def _key(seed: int, tuning: int):
     return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _STREAM), 0), tuning)
 
 
-def _tune_once(hp_task, i: int, points: int, seeds: int, key) -> dict:
-    """One random search on task ``i``: its draws (as meta-parameters), each one's score per seed, its seconds."""
+def _scorer(hp_task, i: int, agents: int):
+    """``score(meta, keys)``: task ``i``'s statistic of each setting on its key, ``agents`` at a time in chunks of
+    at most _CHUNK (memory stays that of a search), through one program compiled on first use for every tuning."""
+    chunk = math.gcd(agents, _CHUNK)
+    mesh = devices.population_mesh(chunk, fit=True)
+    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
+                                     "out_shardings": NamedSharding(mesh, P("pop"))}
+    make, statistic = hp_task.trainers[i], hp_task.statistic
+    program = jax.jit(jax.vmap(lambda meta, k: statistic(make(meta)(k)[1]["episode_return"])), **split)
+    compiled = []
+    part = lambda tree, c: jax.tree.map(lambda x: x[c * chunk:(c + 1) * chunk], tree)  # noqa: E731
+
+    def score(meta, keys) -> np.ndarray:
+        if not compiled:
+            compiled.append(compilation.compile_program(program, part(meta, 0), part(keys, 0)))
+        return np.concatenate([np.asarray(jax.device_get(compiled[0](part(meta, c), part(keys, c))), float)
+                               for c in range(agents // chunk)])
+    return score
+
+
+def _tune_once(names: tuple, points: int, seeds: int, key, score) -> dict:
+    """One random search: its draws (as meta-parameters), each one's score per seed (``score``), its seconds."""
     t = time.perf_counter()
-    names = hp_task.component.names
     draws, train_keys = jax.random.split(key)
     # sigmoid(z) uniform on (0, 1) is a setting uniform over its range (on the log scale where log)
     u = jax.random.uniform(draws, (points, len(names)), minval=1e-6, maxval=1 - 1e-6)
     z = {name: jnp.log(u[:, c] / (1 - u[:, c])) for c, name in enumerate(names)}
     flat = {name: jnp.repeat(v, seeds) for name, v in z.items()}   # setting p on seeds p*seeds ... p*seeds+seeds-1
-    keys = jax.random.split(train_keys, points * seeds)
-    make, statistic = hp_task.trainers[i], hp_task.statistic
-    # at most _CHUNK agents at once (memory stays that of a search), one program for every chunk
-    chunk = math.gcd(points * seeds, _CHUNK)
-    mesh = devices.population_mesh(chunk, fit=True)
-    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
-                                     "out_shardings": NamedSharding(mesh, P("pop"))}
-    program = jax.jit(jax.vmap(lambda meta, k: statistic(make(meta)(k)[1]["episode_return"])), **split)
-    part = lambda tree, c: jax.tree.map(lambda x: x[c * chunk:(c + 1) * chunk], tree)  # noqa: E731
-    compiled = compilation.compile_program(program, part(flat, 0), part(keys, 0))
-    scores = np.concatenate([np.asarray(jax.device_get(compiled(part(flat, c), part(keys, c))), float)
-                             for c in range(points * seeds // chunk)])
+    scores = score(flat, jax.random.split(train_keys, points * seeds))
     return {"z": {name: [float(x) for x in v] for name, v in z.items()},
             "scores": scores.reshape(points, seeds).tolist(), "seconds": time.perf_counter() - t}
 
