@@ -87,6 +87,9 @@ class BaselineSection:
                                        lambda n: n is None or n > 0, default=None)
     # independent tunings, each on its own seed; the best on fresh seeds becomes the baseline, their spread reported
     tunings: int = _positive(1)
+    # One more tuning, as large as the search, for the evaluation's baseline alone: the search starts from the
+    # best of the first `tunings`, evaluate compares with the best of all (tuned with the learned side's compute).
+    matched: bool = False
     # es.* settings of the tuning search that differ from the run's own (e.g. {strategy: Sep_CMA_ES, std_init: 1.0})
     es: dict = dataclasses.field(default_factory=dict)
     # A finished tuning (same space, tasks and inner settings) to reuse: one tuned PPO shared by several searches.

@@ -1,5 +1,5 @@
 """``python -m metarl.evaluate run_dir=RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_cpu_devices=auto]
-[distilled=K]``: the learned component against the baseline on fresh seeds, on the tasks the run trained on and
+[distilled=K] [per_task=[16,64]] [split=held-out]``: the learned component against the baseline on fresh seeds, on the tasks the run trained on and
 its held-out ``eval_tasks`` (or ``tasks=[...]``, or one ``env``/``total_timesteps``); ``distilled=K`` adds
 formula K of the run's ``metarl.distill`` front as a side. Per task, ``num_seeds`` agents per side (one vmapped,
 jitted call each, split over the devices) and a random policy. Prints the final returns with 95% CIs, the
@@ -87,17 +87,17 @@ class Loaded:
 
 
 def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None,
-          distilled: int | None = None) -> Loaded:
+          distilled: int | None = None, split: str = "all") -> Loaded:
     """Sides: learned, baseline (the tuned one if the run tuned it, then also as configured), formula K of the
     distilled front. Tasks: ``tasks``, else ``env``/``total_timesteps`` as one, else the run's then ``eval_tasks``."""
-    from metarl import results
+    from metarl import config as config_lib, results
     from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
     def evaluated(cfg):
         if tasks is not None:
             return task_specs(dataclasses.replace(cfg, tasks=tasks))
         if env is None and total_timesteps is None:
-            return task_specs(cfg) + task_specs(cfg, "eval_tasks")
+            return task_specs(cfg) * (split != "held-out") + task_specs(cfg, "eval_tasks") * (split != "trained-on")
         base = task_specs(cfg)[0]
         timesteps = {} if total_timesteps is None else {"total_timesteps": total_timesteps}
         env_args = None if env else base.env_args
@@ -106,7 +106,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
 
     cfg, task = results.load_run(run_dir, evaluated)
     trained_keys = {_spec_key(s) for s in task_specs(cfg)}
-    tuned = RunDir(run_dir).tuned.read() is not None
+    tuned = RunDir(run_dir).tuned.read()
     try:
         meta, info = RunDir(run_dir).read_best(task.template)
     except CheckpointError:
@@ -114,8 +114,11 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
             raise
         meta, info = None, {}   # a run's tuning without its export (records keep the JSON): the baselines alone
     sides = [Side(f"learned {task.kind}", "learned", tuple(make(meta) for make in task.trainers))] * (meta is not None)
-    sides += [Side(("tuned baseline: " if tuned else "baseline: ") + task.kind.baseline(task.inner_config), "baseline",
-                  tuple(task.baselines))]
+    baseline, name = task, "tuned baseline: " if tuned else "baseline: "
+    if tuned and "matched" in tuned:   # tuned with the learned side's tuning and search: the same compute
+        baseline = build_task(config_lib.with_tuned(cfg, tuned["matched"]), task.specs)
+        name = "tuned baseline (matched compute): "
+    sides += [Side(name + task.kind.baseline(baseline.inner_config), "baseline", tuple(baseline.baselines))]
     formula = None
     if distilled is not None:
         from metarl.distill import load_formula
@@ -198,15 +201,21 @@ def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> di
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_cpu_devices: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None, per_task: list | None = None,
-             per_task_tunings: int = 3, per_task_seeds: int = 2) -> dict:
+             per_task_tunings: int = 3, per_task_seeds: int = 2, split: str = "all") -> dict:
     """The report (also in RUN_DIR/evaluation[SUFFIX].json); ``per_task=[k, ...]`` adds PPO tuned on each task
-    with k trainings (``metarl.pertask``: ``per_task_tunings`` tunings of ``per_task_seeds`` seeds per setting). ``num_cpu_devices``: as a run's, set before JAX
+    with k trainings (``metarl.pertask``: ``per_task_tunings`` tunings of ``per_task_seeds`` seeds per setting), and
+    with a learned side and held-out tasks ``metarl.payoff``'s summary; ``split=held-out`` (or ``trained-on``)
+    evaluates the run's tasks of that split alone. ``num_cpu_devices``: as a run's, set before JAX
     starts; after, the agents split over the devices JAX has. Bad input raises ``ConfigError`` (a ``ValueError``)
     naming the argument; an unreadable run directory, ``ConfigError`` or ``CheckpointError``."""
     from metarl import compilation, devices
 
     if tasks is not None and (env or total_timesteps):
         raise ConfigError("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
+    if split not in ("all", "held-out", "trained-on"):
+        raise ConfigError(f"split: {split!r}; allowed: all, held-out or trained-on")
+    if split != "all" and (tasks is not None or env or total_timesteps):
+        raise ConfigError("split: given with tasks=, env= or total_timesteps=; allowed: one of the two forms")
     if tasks is not None and not tasks:
         raise ConfigError("tasks: []; allowed: a non-empty list such as [CartPole-v1,Acrobot-v1]")
     if num_cpu_devices != "auto" and (isinstance(num_cpu_devices, str) or num_cpu_devices < 1):
@@ -219,7 +228,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
-    loaded = _load(run_dir, env, total_timesteps, tasks, distilled)
+    loaded = _load(run_dir, env, total_timesteps, tasks, distilled, split)
     task = loaded.task
     picks = _add_per_task(loaded, run_dir, per_task, per_task_tunings, per_task_seeds, num_seeds)
     root, keys = eval_keys(loaded.cfg.seed, num_seeds)
@@ -252,11 +261,16 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     if loaded.formula:
         report["formula"] = {"k": distilled, "label": loaded.side("formula").label,
                              **{key: loaded.formula[key] for key in ("expression", "size", "nmse", "component")}}
+    if picks and loaded.side("learned"):
+        from metarl import payoff
+        from metarl.tasks import build_task
+
+        report["payoff"] = payoff.payoff(report, build_task(loaded.cfg).frames_per_eval)
     values = None if loaded.meta is None else task.kind.values(task.component, loaded.meta)  # where it learns such
     if values is not None:
         report["learned_values"] = values
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
-    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_distilled{distilled}" if loaded.formula else "") + (
+    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_{split}" if split != "all" else "") + (f"_distilled{distilled}" if loaded.formula else "") + (
         f"_per_task{'-'.join(str(k) for k in report['per_task']['ks'])}" if picks else "")
     _figures(RunDir(run_dir), loaded, curves, report, suffix)
     report["json"] = str(RunDir(run_dir).evaluation(suffix).write(report))
@@ -290,7 +304,8 @@ def _compute(loaded: Loaded, tuned: Optional[dict]) -> dict:
 
     tuning = tuned["trainings"] if tuned else 0
     compute = {"learned": {"search": trainings(loaded.cfg) + pick_trainings(loaded.cfg), "tuning": tuning},
-               "baseline": {"tuning": tuning}, "configured": {"tuning": 0}}
+               "baseline": {"tuning": tuned.get("matched", tuned)["trainings"] if tuned else 0},
+               "configured": {"tuning": 0}}
     return {role: compute[role] for role in compute if loaded.side(role)}
 
 
@@ -354,6 +369,11 @@ def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix
         fig = plots.per_task_figure(rows, report["per_task"]["ks"], [s.label for s in loaded.sides if s.role ==
                                     "per_task"], loaded.side("baseline").label, learned and learned.label)
         report["per_task"]["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}_per_task.png"))
+    if report.get("payoff"):
+        from metarl import payoff
+
+        report["payoff"]["figure"] = str(plots.save(payoff.figure(report["payoff"]),
+                                                    run_dir.figures / f"evaluation{suffix}_break_even.png"))
 
 
 def _statistic(fitness) -> str:

@@ -28,6 +28,11 @@ def format_report(report: dict) -> str:
         if t.get("tunings"):  # several tunings: how far apart they landed
             lines.append(f"spread across {len(t['tunings'])} tunings (baseline: {t['chosen_by']}): " + ", ".join(
                 f"{k} {low:.4g} to {high:.4g}" for k, (low, high) in t["spread"].items()))
+        if "matched" in t:   # the evaluation's baseline: the best of every tuning, the search's trainings included
+            m = t["matched"]
+            lines.append(f"tuned baseline compared with: tuning {m['chosen'] + 1}, the best of all {len(t['tunings'])}"
+                         f" with {m['trainings']:,} trainings (the learned side's tuning and search): " + ", ".join(
+                             f"{k} {v:.4g}" for k, v in m["hyperparameters"].items()))
         lines += [f"warning: tuned baseline: {w}" for w in t.get("warnings", [])]
     if "formula" in report:
         f = report["formula"]
@@ -35,11 +40,16 @@ def format_report(report: dict) -> str:
                      "learned function; python -m metarl.distill)")
     roles = {side["role"]: side["label"] for side in report["sides"]}
     lines += ["", *_table(report, roles), "", *_aggregate_lines(report, roles), _compute_line(report)]
+    if report.get("payoff"):
+        from metarl.payoff import lines as payoff_lines
+
+        lines += payoff_lines(report["payoff"])
     if "learned_values" in report:
         lines.append("hyperparameters (learned | baseline): " + ", ".join(
             f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))
     lines += [f"wrote {report['json']}", f"wrote {report['figure']}"] + (
-        [f"wrote {report['per_task']['figure']}"] if "per_task" in report else [])
+        [f"wrote {report['per_task']['figure']}"] if "per_task" in report else []) + (
+        [f"wrote {report['payoff']['figure']}"] if report.get("payoff") else [])
     return "\n".join(lines)
 
 

@@ -185,6 +185,9 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     if not _tuned_for(cfg, tuned) or fixed(theirs.get("inner")) != fixed(cfg.inner):
         raise ConfigError(f"baseline.tuned_from: {where} was tuned over another space, on other tasks or with other "
                           "inner settings; allowed: a run with this run's baseline.tune, tasks and inner")
+    if cfg.baseline.matched and "matched" not in tuned:
+        raise ConfigError(f"baseline.matched: true, but {where} tuned no matched baseline; allowed: false, or a run "
+                          "tuned with baseline.matched: true")
     if tuned["trainings"] < trainings(cfg) + pick_trainings(cfg):
         raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
                           f"search's {trainings(cfg) + pick_trainings(cfg):,}; allowed: a tuning at least as large as "
@@ -211,29 +214,36 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         say(f"tuned baseline from {tuned['from']}: "
             + ", ".join(f"{k} {v:.4g}" for k, v in tuned["hyperparameters"].items()))
         return tuned
-    tcfgs = [tuning_config(cfg, run_dir, i) for i in range(cfg.baseline.tunings)]
+    n = cfg.baseline.tunings
+    tcfgs = [tuning_config(cfg, run_dir, i) for i in range(n + cfg.baseline.matched)]
     tcfg = tcfgs[0]
     say(f"tuning the baseline's {', '.join(cfg.baseline.tune)} first: {len(tcfgs)} x {tcfg.es.generations} generations "
         f"of {tcfg.es.popsize} settings x {tcfg.fitness.num_seeds} seeds ({trainings(tcfg):,} trainings each; the "
-        f"search's own: {trainings(cfg):,}) in {', '.join(c.run_dir for c in tcfgs)}")
+        f"search's own: {trainings(cfg):,}) in {', '.join(c.run_dir for c in tcfgs)}"
+        + ("; the last for the evaluation's baseline alone (matched compute)" if cfg.baseline.matched else ""))
     runs = [_tune_once(c, mesh, shown) for c in tcfgs]
-    chosen, spread = 0, {}
+    chosen, spread, rescore = 0, {}, 0
     if len(runs) > 1:  # each tuning's point on the same fresh seeds; the best becomes the baseline
         fitness, per_seed, rescored = _fresh_scores(tcfg, [r["meta"] for r in runs], mesh, shown)
-        chosen = int(np.argmax(np.where(np.isfinite(fitness), fitness, -np.inf)))
+        rescore = rescored // len(runs)
+        best_of = lambda m: int(np.argmax(np.where(np.isfinite(fitness[:m]), fitness[:m], -np.inf)))  # noqa: E731
+        chosen = best_of(n)
         for r, f, seeds in zip(runs, fitness, per_seed):
             r.update(fresh_fitness=float(f), fresh_ci95=[float(b) for b in t_interval(np.asarray(seeds, float))])
-        spread = {"chosen": chosen, "chosen_by": f"the best of {len(runs)} tunings on {cfg.fitness.validation_seeds} "
+        spread = {"chosen": chosen, "chosen_by": f"the best of {n} tunings on {cfg.fitness.validation_seeds} "
                   "fresh seeds", "spread": {key: [min(values), max(values)] for key, values in (
                       ("fresh_fitness", [r["fresh_fitness"] for r in runs]),
                       *((name, [r["hyperparameters"][name] for r in runs]) for name in cfg.baseline.tune))},
                   "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history")} for r in runs]}
+        if cfg.baseline.matched:   # the evaluation's baseline: tuned with the search's trainings on top
+            spread["matched"] = {"chosen": best_of(len(runs)), "hyperparameters": runs[best_of(len(runs))][
+                "hyperparameters"], "trainings": sum(r["trainings"] for r in runs) + rescore * len(runs)}
     best = runs[chosen]
     tuned = {"hyperparameters": best["hyperparameters"], "configured": best["configured"],
              "search_space": dict(cfg.baseline.tune), "tasks": best["tasks"], "picked": best["picked"],
              "fitness": best["fitness"], "fitness_ci95": best["fitness_ci95"],   # the pick's on fresh seeds
              "fitness_ci95_best_of": best["fitness_ci95_best_of"],
-             "trainings": sum(r["trainings"] for r in runs) + (rescored if len(runs) > 1 else 0),
+             "trainings": sum(r["trainings"] for r in runs[:n]) + rescore * n * (len(runs) > 1),
              "search_trainings": trainings(cfg) + pick_trainings(cfg), "seed": best["seed"],
              "seconds": sum(r["seconds"] for r in runs), "run_dir": best["run_dir"],
              "warnings": tuning_warnings(cfg.baseline.tune, best["hyperparameters"], best["history"]), **spread}
@@ -245,7 +255,8 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
     if spread:
         say(f"tuned baseline: {spread['chosen_by']}: " + "; ".join(
             f"{r['run_dir']} {r['fresh_fitness']:.3f} [{r['fresh_ci95'][0]:.3f}, {r['fresh_ci95'][1]:.3f}]"
-            for r in runs) + f"; {best['run_dir']} chosen")
+            for r in runs) + f"; {best['run_dir']} chosen" + (f", {runs[spread['matched']['chosen']]['run_dir']} the "
+                                                             "evaluation's (matched compute)" if "matched" in spread else ""))
     for warning in tuned["warnings"]:
         say(f"warning: tuned baseline: {warning}")
     return tuned

@@ -41,10 +41,11 @@ def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
 
 def interval(statistic: Callable[..., float], scores: tuple[np.ndarray, ...], reps: int,
              rng: np.random.RandomState, size: float = 0.95) -> tuple[float, list[float]]:
-    """``(statistic(*scores), [lower, upper])``: stratified bootstrap interval of coverage ``size``, ``reps`` draws."""
+    """``(statistic(*scores), [lower, upper])``: stratified bootstrap interval of coverage ``size``, ``reps`` draws
+    (those where the statistic is undefined, NaN, left out)."""
     columns = [np.arange(s.shape[1])[None, :] for s in scores]
     results = [statistic(*[s[rng.choice(s.shape[0], s.shape, replace=True), c] for s, c in zip(scores, columns)])
                for _ in range(reps)]
     alpha = (1.0 - size) / 2
-    lower, upper = np.percentile(results, [100 * alpha, 100 * (1.0 - alpha)])
+    lower, upper = np.nanpercentile(results, [100 * alpha, 100 * (1.0 - alpha)])
     return float(statistic(*scores)), [float(lower), float(upper)]

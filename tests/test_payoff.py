@@ -1,0 +1,80 @@
+"""Does a learned part pay for itself (``metarl.payoff``)? The four-sided evaluation of experiment=horizon at a
+tiny size, through the real command line: a controller that knows its budget, meta-trained on one task at two
+budgets, against PPO tuned once with the same compute (``baseline.matched``), PPO tuned per task and PPO as
+configured on held-out tasks, with the break-even point and its figure."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clihelp import TINY, evolve
+
+pytestmark = pytest.mark.timeout(900)
+
+ARGS = ["experiment=horizon", *[a for a in TINY if not a.startswith(("component.", "inner.total_timesteps"))],
+        "component.ref_updates=4",
+        "tasks=[{env: CartPole-v1, inner: {total_timesteps: 64}}, {env: CartPole-v1, inner: {total_timesteps: 128}}]",
+        "eval_tasks=[{env: Acrobot-v1, inner: {total_timesteps: 64}}, {env: CartPole-v1, inner: {total_timesteps: 256}}]",
+        "fitness.num_seeds=2", "fitness.reference_seeds=2", "es.generations=1", "baseline.generations=2",
+        "fitness.validation_top=1", "fitness.validation_seeds=2", "baseline.tunings=1",
+        "baseline.tune={lr: {low: 1.0e-4, high: 1.0e-2, log: true}}"]
+
+
+def test_holm_adjusts_step_down_and_keeps_the_order():
+    from metarl.payoff import holm
+
+    # sorted: 0.01 * 3, 0.02 * 2, 0.04 * 1; each at least the one before it
+    np.testing.assert_allclose(holm(np.array([0.04, 0.01, 0.02])), [0.04, 0.03, 0.04])
+    np.testing.assert_allclose(holm(np.array([0.5, 0.9])), [1.0, 1.0])
+
+
+def test_the_four_sided_evaluation_with_matched_compute_and_break_even(tmp_path):
+    from metarl import evaluate
+
+    run_dir = tmp_path / "run"
+    result = evolve([*ARGS, f"run_dir={run_dir}"], cwd=tmp_path, timeout=800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the last for the evaluation's baseline alone (matched compute)" in result.stderr + result.stdout
+    tuned = json.loads((run_dir / "tuned.json").read_text())
+    # One tuning for the search to start from, one more for the evaluation's baseline: the best of both.
+    first, second = tuned["tunings"]
+    assert tuned["hyperparameters"] == first["hyperparameters"] and tuned["chosen"] == 0
+    best = int(np.argmax([first["fresh_fitness"], second["fresh_fitness"]]))
+    assert tuned["matched"]["chosen"] == best
+    assert tuned["matched"]["hyperparameters"] == tuned["tunings"][best]["hyperparameters"]
+    assert tuned["trainings"] == first["trainings"] + 2 * 2              # one tuning and its fresh seeds (paired)
+    assert tuned["matched"]["trainings"] == tuned["trainings"] + second["trainings"] + 2 * 2
+
+    report = evaluate.evaluate(run_dir, num_seeds=4, num_cpu_devices=1, per_task=[2, 4], per_task_tunings=1,
+                               per_task_seeds=1, split="held-out")
+    assert [row["split"] for row in report["tasks"]] == ["held-out", "held-out"]
+    assert [side["role"] for side in report["sides"]] == ["learned", "baseline", "configured", "per_task", "per_task"]
+    assert report["sides"][1]["label"].startswith("tuned baseline (matched compute): ")
+    c = report["compute"]   # the tuned side spends at least what the learned side spends
+    assert c["baseline"]["tuning"] == tuned["matched"]["trainings"] >= c["learned"]["tuning"] + c["learned"]["search"]
+    s = report["payoff"]
+    assert s["tasks"] == [row["task"] for row in report["tasks"]] and s["k"] == 4
+    assert s["iqm"]["baseline"] == pytest.approx(1.0, abs=0.5) and set(s["win"]) == {
+        "recovered", "iqm", "no_pair_worse", "break_even"}
+    gain = s["iqm"]["per_task"] - s["iqm"]["baseline"]   # the share is undefined where tuning per task gained nothing
+    if gain > 0:
+        assert s["recovered"] == pytest.approx((s["iqm"]["learned"] - s["iqm"]["baseline"]) / gain)
+    else:
+        assert np.isnan(s["recovered"]) and not s["win"]["recovered"]
+    assert s["iqm_learned_ci95"][0] <= s["iqm_learned"] == s["iqm"]["learned"] <= s["iqm_learned_ci95"][1]
+    assert len(s["worse_p_holm"]) == 2 and s["win"]["no_pair_worse"] == (not s["worse_pairs"])
+    frames = (64 + 128)   # a member trains on both budgets once
+    assert s["frames_per_training"] == frames and s["meta_frames"] == (c["learned"]["search"] + c["learned"]["tuning"]) * frames
+    for k in ("2", "4"):   # per new task: k trainings at the held-out tasks' mean budget
+        b = s["break_even"][k]
+        assert b["per_task_frames"] == int(k) * (64 + 256) / 2
+        assert b["after"] == int(s["meta_frames"] // b["per_task_frames"]) + 1
+    assert s["win"]["break_even"] == (s["break_even"]["4"]["after"] <= 20)
+    assert report["json"].endswith("_held-out_per_task2-4.json") and Path(s["figure"]).is_file()
+    text = evaluate.format_report(report)
+    assert "pays for itself? on 2 held-out task(s), against per-task tuning at k=4:" in text
+    assert "recovered share of per-task tuning's gain " in text and "break-even after " in text
+    assert f"tuned baseline compared with: tuning {best + 1}, the best of all 2" in text
+    with pytest.raises(ValueError, match=r"^split: 'test'; allowed: all, held-out or trained-on$"):
+        evaluate.evaluate(run_dir, split="test")
