@@ -113,7 +113,7 @@ def figure(summary: dict):
         ax.plot(n, n * b["per_task_frames"], color=(shade, 0.5 + shade, shade), lw=1.5, label=f"tuned per task, k={ks}")
     ax.axvline(summary["break_even"][k]["tasks"], color="0.4", ls="--", lw=1,
                label=f"break-even at k={k}: {summary['break_even'][k]['tasks']:.1f} tasks")
-    ax.set(xlabel="new tasks", ylabel="environment frames spent", yscale="log")
+    ax.set(xlabel="new tasks", ylabel="environment frames spent", xlim=(0, n[-1]), ylim=(0, None))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return fig
