@@ -270,7 +270,8 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     if values is not None:
         report["learned_values"] = values
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
-    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_{split}" if split != "all" else "") + (f"_distilled{distilled}" if loaded.formula else "") + (
+    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_{split}" if split != "all" else "") + (
+        f"_distilled{distilled}" if loaded.formula else "") + (
         f"_per_task{'-'.join(str(k) for k in report['per_task']['ks'])}" if picks else "")
     _figures(RunDir(run_dir), loaded, curves, report, suffix)
     report["json"] = str(RunDir(run_dir).evaluation(suffix).write(report))

@@ -43,6 +43,7 @@ def payoff(report: dict, frames_per_training: int, reps: int = 2000) -> dict | N
     from scipy import stats as scipy_stats
 
     from metarl import stats
+    from metarl.pertask import label
 
     roles = {side["role"]: side["label"] for side in report["sides"]}
     held = [row for row in report["tasks"] if row["split"] == "held-out"]
@@ -50,9 +51,9 @@ def payoff(report: dict, frames_per_training: int, reps: int = 2000) -> dict | N
         return None
     ks = report["per_task"]["ks"]
     labels = {"learned": roles["learned"], "baseline": roles["baseline"],
-              "per_task": f"tuned per task at k={ks[-1]}"}
-    scores = {side: np.stack([_normalised(r, label, roles["baseline"]) for r in held], axis=1)
-              for side, label in labels.items()}
+              "per_task": label(ks[-1])}
+    scores = {side: np.stack([_normalised(r, name, roles["baseline"]) for r in held], axis=1)
+              for side, name in labels.items()}
     rng = np.random.RandomState(0)
 
     def recovered(learned, baseline, per_task) -> float:   # undefined (NaN) where per-task tuning gained nothing
