@@ -20,7 +20,7 @@ import numpy as np
 
 from metarl.cli import check_run_to_read, run_command
 from metarl.errors import ConfigError
-from metarl.report import COMPARISONS, format_report
+from metarl.report import comparisons, format_report
 from metarl.rundir import CheckpointError, RunDir
 from metarl.stats import t_interval
 
@@ -311,12 +311,12 @@ def _compute(loaded: Loaded, tuned: Optional[dict]) -> dict:
 
 
 def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
-    """Per task, each side's final returns, normalised scores and ``COMPARISONS``; per split, ``aggregate``."""
+    """Per task, each side's final returns, normalised scores and ``comparisons``; per split, ``aggregate``."""
     from metarl.outer_loops.fitness import spans
 
     task, labels = loaded.task, {side.role: side.label for side in loaded.sides}
     baseline = labels["baseline"]
-    pairs = [c for c in COMPARISONS if c[2] in labels and c[3] in labels]
+    pairs = comparisons(labels)
     rows, normalized = [], {True: [], False: []}  # per split, per task: {side: normalised scores}
     for spec, inner, trained in zip(task.specs, task.inner_configs, loaded.on_train):
         c = curves[spec.name]

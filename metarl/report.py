@@ -7,6 +7,14 @@ COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_co
                ("test_formula", "formula", "formula", "baseline"), ("test_per_task", "per_task", "per_task", "baseline"))
 
 
+def comparisons(roles) -> list[tuple]:
+    """The ``COMPARISONS`` whose sides are both present; without a learned side (a run's baselines alone), the
+    tuned baseline against the configured one."""
+    found = [c for c in COMPARISONS if c[2] in roles and c[3] in roles]
+    return found + [("test_tuning", "tuning", "baseline", "configured")] * ("learned" not in roles and "configured" in
+                                                                           roles)
+
+
 def format_report(report: dict) -> str:
     """The report as the command prints it: the header, a row per task, the IQMs per split."""
     which = (f"{report['picked']} of generation {report['best_generation']}, picked on fresh seeds"
@@ -87,14 +95,16 @@ def _table(report: dict, roles: dict) -> list[str]:
     tests += [("test_configured", "p vs config")] if "configured" in roles and learned else []
     tests += [("test_formula", "p formula")] if "formula" in roles else []
     tests += [("test_per_task", f"p {per_task[-1].split()[-1]}")] if per_task else []
+    tests += [("test_tuning", "p vs config")] if "configured" in roles and not learned else []
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
-    lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<28}" for s in shown)
+    cols = {s: max(28, len(_short(s)) + 11) for s in shown}   # a header such as "tuned per task at k=64 [95% CI]"
+    lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<{cols[s]}}" for s in shown)
              + "".join(f"{'norm. ' + _short(s).split()[-1 if s in per_task else 0]:>15}" for s in scored)
              + "".join(f"{name:>13}" for _, name in tests)]
     cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (  # noqa: E731
         f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
     for r in report["tasks"]:
-        lines.append(f"{r['task']:<{width}}{r['split']:<12}" + "".join(f"{cell(r['sides'][s]):<28}" for s in shown)
+        lines.append(f"{r['task']:<{width}}{r['split']:<12}" + "".join(f"{cell(r['sides'][s]):<{cols[s]}}" for s in shown)
                      + "".join(f"{r['normalized'][s]:>15.3f}" for s in scored)
                      + "".join(f"{r[test]['welch_p']:>13.3g}" for test, _ in tests))
     return lines
@@ -110,11 +120,12 @@ def _aggregate_lines(report: dict, roles: dict) -> list[str]:
         iqms = [f"{_short(roles['learned'])} {agg['iqm_learned']:.3f} {ci(agg['iqm_learned_ci95'])}",
                 f"{named['baseline']} {agg['iqm_baseline']:.3f} {ci(agg['iqm_baseline_ci95'])}"] if "learned" in roles else []
         better = []
-        for _, key, a, b in (c for c in COMPARISONS if c[2] in roles and c[3] in roles):
+        for _, key, a, b in comparisons(roles):
             v = agg if key is None else agg[key]
-            if key is not None:  # the side this comparison adds: the configured baseline, or the formula
-                side, which = (b, "baseline") if a == "learned" else (a, "learned")
-                iqms.append(f"{named[side]} {v[f'iqm_{which}']:.3f} {ci(v[f'iqm_{which}_ci95'])}")
+            if key is not None:  # the side(s) this comparison adds: the configured baseline, or the formula
+                for side, which in ((b, "baseline"),) if a == "learned" else ((a, "learned"), (b, "baseline"))[
+                        :1 + (key == "tuning")]:
+                    iqms.append(f"{named[side]} {v[f'iqm_{which}']:.3f} {ci(v[f'iqm_{which}_ci95'])}")
             better.append(f"P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
                           f"{ci(v['probability_of_improvement_ci95'])}")
         lines += [f"{name} ({agg['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),

@@ -6,6 +6,7 @@ it tunes continues to the same tuned point; and the final pick, re-scored on see
 used, is the candidate that is really best, not the one the search's seeds flattered.
 """
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -246,4 +247,10 @@ def test_evaluate_adds_ppo_tuned_on_each_task_with_its_compute(tuned_run, tmp_pa
                               per_task_seeds=1)
     assert [side["role"] for side in alone["sides"]] == ["baseline", "configured", "per_task", "per_task"]
     assert alone["tasks"][0]["per_task"] == report["tasks"][0]["per_task"]   # the copied tunings, reused
-    assert "(no exported learned part: its baselines alone)" in evaluate.format_report(alone)
+    text = evaluate.format_report(alone)
+    assert "(no exported learned part: its baselines alone)" in text and "p vs config" in text
+    agg = alone["aggregate"]["trained-on"]   # the tuned baseline against the configured one, and per task
+    low, high = agg["tuning"]["iqm_learned_ci95"]
+    assert low <= agg["tuning"]["iqm_learned"] <= high and "per_task" in agg
+    assert re.search(r"IQM of normalised scores: .*tuned baseline [-\d.]+ \[.*baseline as configured [-\d.]+ \[", text)
+    assert "P(tuned baseline > baseline as configured) = " in text
