@@ -368,7 +368,8 @@ def format_report(report: dict) -> str:
 
 def load_formula(run_dir: Path, k: int) -> dict:
     """Entry ``k`` of the run's distilled front; a bad ``k`` or none: ``ConfigError``."""
-    report, path = rundir.RunDir(run_dir).distill.read(), Path(run_dir) / rundir.DISTILL
+    file = rundir.RunDir(run_dir).distill
+    report, path = file.read(), file.path
     if report is None:
         raise ConfigError(f"distilled: {path} does not exist; allowed: after "
                           f"`python -m metarl.distill run_dir={run_dir}`")
