@@ -23,10 +23,9 @@ import numpy as np
 
 def sweep(run_dir: Path, lrs: list[float], seeds: int) -> dict:
     """Per task, PPO's final returns at each rate; per rate, the learned side's IQM normalised by that PPO."""
-    import jax
     import jax.numpy as jnp
 
-    from metarl import compilation, evaluate, stats
+    from metarl import evaluate, pertask, stats
     from metarl.outer_loops.fitness import spans
     from metarl.progress import progress
     from metarl.results import load_config
@@ -50,13 +49,9 @@ def sweep(run_dir: Path, lrs: list[float], seeds: int) -> dict:
     rows = []
     with progress(f"training PPO at {len(lrs)} learning rates x {seeds} seeds", total=len(specs)) as bar:
         for i, (spec, row) in enumerate(zip(specs, report["tasks"])):
-            make, statistic = hp.trainers[i], hp.statistic
-            program = jax.jit(jax.vmap(lambda m, k: statistic(make(m)(k)[1]["episode_return"])))
-            t = time.perf_counter()
-            finals = np.asarray(compilation.compile_program(program, meta, all_keys)(meta, all_keys), float)
-            finals = finals.reshape(len(lrs), seeds)
-            ppo = [{"lr": lr, **{k: v for k, v in evaluate.summarise(f).items() if k != "final_returns"},
-                    "final_returns": f.tolist()} for lr, f in zip(decoded, finals)]
+            t = time.perf_counter()   # per-task tuning's scorer: split over the devices, memory bounded
+            finals = pertask.scorer(hp, i, len(lrs) * seeds)(meta, all_keys).reshape(len(lrs), seeds)
+            ppo = [{"lr": lr, **evaluate.summarise(f)} for lr, f in zip(decoded, finals)]
             rows.append({"task": spec.name, "split": row["split"], "random_return": row["random_return"],
                          "learned": row["sides"][learned]["mean"], "ppo": ppo, "seconds": time.perf_counter() - t})
             bar.update()
@@ -103,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         parser.error("--lrs: a comma-separated list of positive numbers; --seeds: an integer >= 2")
-    from metarl import compilation
+    from metarl import compilation, devices
 
     compilation.enable_compilation_cache()
+    devices.use_cpu_cores("auto")   # a device per core, as evaluate has
     t = time.perf_counter()
     try:
         result = sweep(args.run_dir, lrs, args.seeds)

@@ -77,7 +77,7 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
                 name = (f"{spec.name} | {space} | {cfg.fitness.statistic} {cfg.fitness.window} | seed {cfg.seed} | "
                         f"tuning {j} | {points} x {per_task.seeds}")
                 if name not in done:
-                    score = score or _scorer(hp_task, i, points * per_task.seeds)
+                    score = score or scorer(hp_task, i, points * per_task.seeds)
                     done[name] = _tune_once(hp_task.component.names, points, per_task.seeds, _key(cfg.seed, j), score)
                     if jax.process_index() == 0:
                         run_dir.per_task.write(done)
@@ -94,7 +94,7 @@ def _key(seed: int, tuning: int):
     return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _STREAM), 0), tuning)
 
 
-def _scorer(hp_task, i: int, agents: int):
+def scorer(hp_task, i: int, agents: int):
     """``score(meta, keys)``: task ``i``'s statistic of each setting on its key, ``agents`` at a time in chunks of
     at most _CHUNK (memory stays that of a search), through one program compiled on first use for every tuning."""
     chunk = math.gcd(agents, _CHUNK)

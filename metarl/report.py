@@ -7,12 +7,14 @@ COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_co
                ("test_formula", "formula", "formula", "baseline"), ("test_per_task", "per_task", "per_task", "baseline"))
 
 
+# A run's baselines alone (no learned side): the tuned baseline against the configured one.
+TUNING = ("test_tuning", "tuning", "baseline", "configured")
+
+
 def comparisons(roles) -> list[tuple]:
-    """The ``COMPARISONS`` whose sides are both present; without a learned side (a run's baselines alone), the
-    tuned baseline against the configured one."""
+    """The ``COMPARISONS`` whose sides are both present, and ``TUNING`` where there is no learned side."""
     found = [c for c in COMPARISONS if c[2] in roles and c[3] in roles]
-    return found + [("test_tuning", "tuning", "baseline", "configured")] * ("learned" not in roles and "configured" in
-                                                                           roles)
+    return found + [TUNING] * ("learned" not in roles and "configured" in roles)
 
 
 def format_report(report: dict) -> str:
@@ -95,7 +97,7 @@ def _table(report: dict, roles: dict) -> list[str]:
     tests += [("test_configured", "p vs config")] if "configured" in roles and learned else []
     tests += [("test_formula", "p formula")] if "formula" in roles else []
     tests += [("test_per_task", f"p {per_task[-1].split()[-1]}")] if per_task else []
-    tests += [("test_tuning", "p vs config")] if "configured" in roles and not learned else []
+    tests += [(TUNING[0], "p vs config")] if TUNING in comparisons(roles) else []
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
     cols = {s: max(28, len(_short(s)) + 11) for s in shown}   # a header such as "tuned per task at k=64 [95% CI]"
     lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<{cols[s]}}" for s in shown)
@@ -122,10 +124,10 @@ def _aggregate_lines(report: dict, roles: dict) -> list[str]:
         better = []
         for _, key, a, b in comparisons(roles):
             v = agg if key is None else agg[key]
-            if key is not None:  # the side(s) this comparison adds: the configured baseline, or the formula
-                for side, which in ((b, "baseline"),) if a == "learned" else ((a, "learned"), (b, "baseline"))[
-                        :1 + (key == "tuning")]:
-                    iqms.append(f"{named[side]} {v[f'iqm_{which}']:.3f} {ci(v[f'iqm_{which}_ci95'])}")
+            # the sides this comparison adds: the configured baseline, the formula, or (TUNING) both baselines
+            added = [] if key is None else [(b, "baseline")] if a == "learned" else [(a, "learned")] + [
+                (b, "baseline")] * (key == TUNING[1])
+            iqms += [f"{named[side]} {v[f'iqm_{which}']:.3f} {ci(v[f'iqm_{which}_ci95'])}" for side, which in added]
             better.append(f"P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
                           f"{ci(v['probability_of_improvement_ci95'])}")
         lines += [f"{name} ({agg['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
