@@ -141,10 +141,10 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
     """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
     Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from metarl import compilation
+    from metarl import compilation, devices
     from metarl.inner_loops.envs import random_policy_return
+    from metarl.progress import progress
 
     programs = {spec.name: {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()),
                                        None)} for spec in task.specs}  # per task, per side: (key, input) -> returns
@@ -154,18 +154,13 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
                 (lambda k, x, train=train: train(k)[1]["episode_return"], None) if side.inputs is None
                 else (lambda k, x, make=train: make(x)(k)[1]["episode_return"], side.inputs[i]))
     # Task by task, compiled in threads (XLA compiles outside the GIL): one task's executables held at a time.
-    from metarl.progress import progress
-
-    # Split by jit's shardings: shard_map and pmap of SpaceInvaders-MinAtar's training segfaulted XLA (jax 0.11.2).
-    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
-                                     "out_shardings": NamedSharding(mesh, P("pop"))}
     options = compilation.compiler_options()
     curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
     compile_s = 0.0
     for i, spec in enumerate(task.specs):
         where = f"task {i + 1}/{len(task.specs)}: " if len(task.specs) > 1 else ""
         t = time.perf_counter()
-        lowered = {side: jax.jit(jax.vmap(fn), **split).lower(keys, x) for side, (fn, x) in programs[spec.name].items()}
+        lowered = {side: devices.over_agents(fn, mesh).lower(keys, x) for side, (fn, x) in programs[spec.name].items()}
         with progress(f"{where}compiling {len(lowered)} programs", total=len(lowered)) as bar, \
                 ThreadPoolExecutor(min(4, len(lowered))) as pool:
             def compile_one(low):

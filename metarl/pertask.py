@@ -18,7 +18,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from metarl import compilation, devices
 from metarl.errors import ConfigError
@@ -99,10 +98,8 @@ def scorer(hp_task, i: int, agents: int):
     at most _CHUNK (memory stays that of a search), through one program compiled on first use for every tuning."""
     chunk = math.gcd(agents, _CHUNK)
     mesh = devices.population_mesh(chunk, fit=True)
-    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
-                                     "out_shardings": NamedSharding(mesh, P("pop"))}
     make, statistic = hp_task.trainers[i], hp_task.statistic
-    program = jax.jit(jax.vmap(lambda meta, k: statistic(make(meta)(k)[1]["episode_return"])), **split)
+    program = devices.over_agents(lambda meta, k: statistic(make(meta)(k)[1]["episode_return"]), mesh)
     compiled = []
     part = lambda tree, c: jax.tree.map(lambda x: x[c * chunk:(c + 1) * chunk], tree)  # noqa: E731
 

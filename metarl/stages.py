@@ -94,9 +94,9 @@ def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], An
     stored = {"tasks": task.names, "base": [], "low": [], "base_ci": [], "low_ci": [], "num_seeds": num_seeds,
               "seed": seed}
     for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):
-        baseline = jax.jit(jax.vmap(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"]))
-        random_play = jax.jit(jax.vmap(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
-                                                                                   spec.env_args or ())))
+        baseline = devices.over_agents(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"])
+        random_play = devices.over_agents(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
+                                                                                      spec.env_args or ()))
         for name, program, keys in (("base", baseline, base_keys), ("low", random_play, low_keys)):
             values = np.asarray(compilation.compile_program(program, keys)(keys), np.float64)
             values = np.asarray(task.statistic(values)) if name == "base" else values
