@@ -22,7 +22,7 @@ from metarl.cli import check_run_to_read, run_command
 from metarl.errors import ConfigError
 from metarl.report import comparisons, format_report
 from metarl.rundir import CheckpointError, RunDir
-from metarl.stats import t_interval
+from metarl.stats import t_bounds
 
 EVAL_ROOT = 10_000
 ALPHA = 0.05
@@ -42,7 +42,7 @@ def eval_keys(run_seed: int, num_seeds: int):
 def summarise(final: np.ndarray) -> dict:
     finite = final[np.isfinite(final)]
     return {"mean": float(np.mean(finite)) if finite.size else float("nan"),
-            "ci95": [float(b) for b in t_interval(finite)],
+            "ci95": t_bounds(finite),
             "std": float(np.std(finite, ddof=1)) if finite.size > 1 else float("nan"),
             "n": int(finite.size), "nonfinite": int(final.size - finite.size),
             "final_returns": [float(v) for v in final]}
@@ -327,7 +327,7 @@ def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
                "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]} for label, f in finals.items()},
                "random_return": random_mean,
                "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
-               "normalized_ci95": {label: [float(b) for b in t_interval(v)] for label, v in norm.items()},
+               "normalized_ci95": {label: t_bounds(v) for label, v in norm.items()},
                **{test: compare(finals[labels[a]], finals[labels[b]]) for test, _, a, b in pairs}}
         rows.append(row)
     aggregates = {}

@@ -23,6 +23,7 @@ from metarl import compilation, devices
 from metarl.errors import ConfigError
 from metarl.progress import progress
 from metarl.rundir import RunDir
+from metarl.stats import best_finite
 
 # The stream of the run's seed that per-task tunings draw from (evaluate's keys come from key(10000)).
 _STREAM = 0x5EED_0004
@@ -127,7 +128,7 @@ def _tune_once(names: tuple, points: int, seeds: int, key, score) -> dict:
 def _pick(hp_task, run: dict, n: int, tuning: int) -> dict:
     """The best of a tuning's first ``n`` draws by its mean score over seeds (a diverged draw never wins)."""
     means = np.asarray(run["scores"], float)[:n].mean(axis=1)
-    best = int(np.argmax(np.where(np.isfinite(means), means, -np.inf)))
+    best = best_finite(means)
     meta = {name: jnp.float32(v[best]) for name, v in run["z"].items()}
     return {"tuning": tuning, "z": meta, "tuning_score": float(means[best]),
             "hyperparameters": hp_task.kind.values(hp_task.component, meta)}

@@ -19,7 +19,7 @@ from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import RunDir
 from metarl.search import Restored, Searched, best_info, build_evolution, restore, search
-from metarl.stats import t_interval
+from metarl.stats import best_finite, t_bounds
 from metarl.tasks import Task, build_task, task_specs
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.evolution import Evolution
@@ -88,9 +88,7 @@ def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], An
     """``R_base`` and ``R_low`` per task (host floats), means over ``num_seeds`` seeds, with 95% t-intervals
     (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from ``task_key(key, i)``, as a member and
     the control do; ``measured()`` follows each of the ``2 * tasks`` measurements."""
-    root = jax.random.key(seed)
-    base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
-    low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
+    base_keys, low_keys = (_stream_keys(seed, stream, num_seeds) for stream in (_BASE_STREAM, _LOW_STREAM))
     stored = {"tasks": task.names, "base": [], "low": [], "base_ci": [], "low_ci": [], "num_seeds": num_seeds,
               "seed": seed}
     for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):
@@ -101,7 +99,7 @@ def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], An
             values = np.asarray(compilation.compile_program(program, keys)(keys), np.float64)
             values = np.asarray(task.statistic(values)) if name == "base" else values
             stored[name].append(float(values.mean()))
-            stored[name + "_ci"].append([float(b) for b in t_interval(values)])
+            stored[name + "_ci"].append(t_bounds(values))
             measured()
     return stored
 
@@ -226,17 +224,16 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
     if len(runs) > 1:  # each tuning's point on the same fresh seeds; the best becomes the baseline
         fitness, per_seed, rescored = _fresh_scores(tcfg, [r["meta"] for r in runs], mesh, shown)
         rescore = rescored // len(runs)
-        best_of = lambda m: int(np.argmax(np.where(np.isfinite(fitness[:m]), fitness[:m], -np.inf)))  # noqa: E731
-        chosen = best_of(n)
+        chosen = best_finite(fitness[:n])
         for r, f, seeds in zip(runs, fitness, per_seed):
-            r.update(fresh_fitness=float(f), fresh_ci95=[float(b) for b in t_interval(np.asarray(seeds, float))])
+            r.update(fresh_fitness=float(f), fresh_ci95=t_bounds(seeds))
         spread = {"chosen": chosen, "chosen_by": f"the best of {n} tunings on {cfg.fitness.validation_seeds} "
                   "fresh seeds", "spread": {key: [min(values), max(values)] for key, values in (
                       ("fresh_fitness", [r["fresh_fitness"] for r in runs]),
                       *((name, [r["hyperparameters"][name] for r in runs]) for name in cfg.baseline.tune))},
                   "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history")} for r in runs]}
         if cfg.baseline.matched:   # the evaluation's baseline: tuned with the search's trainings on top
-            spread["matched"] = {"chosen": best_of(len(runs)), "hyperparameters": runs[best_of(len(runs))][
+            spread["matched"] = {"chosen": best_finite(fitness), "hyperparameters": runs[best_finite(fitness)][
                 "hyperparameters"], "trainings": sum(r["trainings"] for r in runs) + rescore * len(runs)}
     best = runs[chosen]
     tuned = {"hyperparameters": best["hyperparameters"], "configured": best["configured"],
@@ -292,12 +289,20 @@ def _fresh_scores(tcfg: RunConfig, metas: list, mesh: Any, shown: bool) -> tuple
     task = build_task(tcfg)
     _, evo = build_evolution(tcfg, task, mesh, RunDir(tcfg.run_dir).reference.read())
     candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *metas)
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(tcfg.seed), _TUNINGS_STREAM),
-                            tcfg.fitness.validation_seeds)
-    with progress(f"scoring {len(metas)} tuned points on {len(keys)} fresh seeds", enabled=shown):
-        fitness, per_seed = jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(
-            candidates, keys))
-    return np.asarray(fitness), np.asarray(per_seed), len(metas) * len(keys) * (1 + evo.paired)
+    seeds = tcfg.fitness.validation_seeds
+    fitness, per_seed = _rescore(evo, candidates, _stream_keys(tcfg.seed, _TUNINGS_STREAM, seeds),
+                                 f"{len(metas)} tuned points", shown)
+    return np.asarray(fitness), np.asarray(per_seed), len(metas) * seeds * (1 + evo.paired)
+
+
+def _stream_keys(seed: int, stream: int, n: int):
+    return jax.random.split(jax.random.fold_in(jax.random.key(seed), stream), n)
+
+
+def _rescore(evo: Evolution, candidates, keys, what: str, shown: bool) -> tuple:
+    """``Evolution.rescore`` of ``candidates`` on ``keys`` (fresh seeds), compiled as metarl compiles."""
+    with progress(f"scoring {what} on {len(keys)} fresh seeds", enabled=shown):
+        return jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(candidates, keys))
 
 
 def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05) -> list[str]:
@@ -333,22 +338,17 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
     top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
     candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), _VALIDATION_STREAM),
-                            cfg.fitness.validation_seeds)
-    with progress(f"scoring {len(found) + 1} candidates on {len(keys)} fresh seeds", enabled=shown):
-        fitness, per_seed = jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(
-            candidates, keys))
+    keys = _stream_keys(cfg.seed, _VALIDATION_STREAM, cfg.fitness.validation_seeds)
+    fitness, per_seed = _rescore(evo, candidates, keys, f"{len(found) + 1} candidates", shown)
     labels = [f"top {i + 1}" for i in found] + ["search mean"]
     search_fitness = [float(top_fitness[i]) for i in found] + [None]
     generation = [int(top_generation[i]) for i in found] + [int(state.generation)]
     # The picked candidate is the best of k on these seeds: its interval at 1 - 0.05/k (Bonferroni) holds
     # for all k at once, so it still covers the pick's true fitness after the choice.
     rows = [{"candidate": label, "generation": g, "search_fitness": f, "validation_fitness": float(v),
-             "validation_ci95": [float(b) for b in t_interval(np.asarray(s, np.float64))],
-             "validation_ci95_best_of": [float(b) for b in t_interval(np.asarray(s, np.float64),
-                                                                       level=1 - 0.05 / len(labels))]}
+             "validation_ci95": t_bounds(s), "validation_ci95_best_of": t_bounds(s, level=1 - 0.05 / len(labels))}
             for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
-    best = int(np.argmax(np.where(np.isfinite(fitness), fitness, -np.inf)))
+    best = best_finite(fitness)
     report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
               "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
     if jax.process_index() == 0:
