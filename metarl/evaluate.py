@@ -146,21 +146,20 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
     from metarl.inner_loops.envs import random_policy_return
     from metarl.progress import progress
 
-    programs = {spec.name: {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()),
-                                       None)} for spec in task.specs}  # per task, per side: (key, input) -> returns
-    for side in sides:
-        for i, (spec, train) in enumerate(zip(task.specs, side.trainers)):
-            programs[spec.name][side.label] = (
-                (lambda k, x, train=train: train(k)[1]["episode_return"], None) if side.inputs is None
-                else (lambda k, x, make=train: make(x)(k)[1]["episode_return"], side.inputs[i]))
     # Task by task, compiled in threads (XLA compiles outside the GIL): one task's executables held at a time.
     options = compilation.compiler_options()
     curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
     compile_s = 0.0
     for i, spec in enumerate(task.specs):
+        # per side: (returns(key, input), the input per seed)
+        programs = {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()), None)}
+        for side in sides:
+            train, inputs = side.trainers[i], None if side.inputs is None else side.inputs[i]
+            programs[side.label] = ((lambda k, x, train=train: train(k)[1]["episode_return"]) if inputs is None
+                                    else (lambda k, x, make=train: make(x)(k)[1]["episode_return"]), inputs)
         where = f"task {i + 1}/{len(task.specs)}: " if len(task.specs) > 1 else ""
         t = time.perf_counter()
-        lowered = {side: devices.over_agents(fn, mesh).lower(keys, x) for side, (fn, x) in programs[spec.name].items()}
+        lowered = {side: devices.over_agents(fn, mesh).lower(keys, x) for side, (fn, x) in programs.items()}
         with progress(f"{where}compiling {len(lowered)} programs", total=len(lowered)) as bar, \
                 ThreadPoolExecutor(min(4, len(lowered))) as pool:
             def compile_one(low):
@@ -173,7 +172,7 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
         with progress(f"{where}training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
             for side, run in compiled.items():
                 t = time.perf_counter()
-                curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[spec.name][side][1])), float)
+                curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[side][1])), float)
                 seconds[spec.name][side] = time.perf_counter() - t
                 bar.update()
         del lowered, compiled
@@ -245,14 +244,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     if picks:
         from metarl import pertask
 
-        ks = sorted(picks[0])
-        report["compute"]["per_task"] = {"per task and tuning": "k", "tunings per task": per_task_tunings}
-        report["per_task"] = {"ks": ks, "tunings": per_task_tunings, "seeds_per_setting": per_task_seeds,
-                              "tuner": "random search over the run's baseline.tune ranges, the best of k / seeds "
-                                       "settings by the fitness statistic, evaluation seed i with tuning i % tunings"}
-        for row, by_k in zip(rows, picks):
-            row["per_task"] = {str(k): pertask.record(by_k[k], np.asarray(row["sides"][pertask.label(k)][
-                "final_returns"])) for k in ks}
+        pertask.report(report, picks, per_task_tunings, per_task_seeds)
     if loaded.formula:
         report["formula"] = {"k": distilled, "label": loaded.side("formula").label,
                              **{key: loaded.formula[key] for key in ("expression", "size", "nmse", "component")}}

@@ -146,3 +146,14 @@ def record(picks: list[dict], finals: np.ndarray) -> list[dict]:
     return [{"tuning": p["tuning"], "hyperparameters": p["hyperparameters"], "tuning_score": p["tuning_score"],
              "seeds": list(range(j, len(finals), n)), "mean": float(np.nanmean(finals[j::n]))}
             for j, p in enumerate(picks)]
+
+
+def report(evaluation: dict, picks: list[dict], tunings: int, seeds: int) -> None:
+    """Adds the side's settings and compute to an evaluation's report and, per task, each k's picks (``record``)."""
+    ks = sorted(picks[0])
+    evaluation["compute"]["per_task"] = {"per task and tuning": "k", "tunings per task": tunings}
+    evaluation["per_task"] = {"ks": ks, "tunings": tunings, "seeds_per_setting": seeds,
+                              "tuner": "random search over the run's baseline.tune ranges, the best of k / seeds "
+                                       "settings by the fitness statistic, evaluation seed i with tuning i % tunings"}
+    for row, by_k in zip(evaluation["tasks"], picks):
+        row["per_task"] = {str(k): record(by_k[k], np.asarray(row["sides"][label(k)]["final_returns"])) for k in ks}
