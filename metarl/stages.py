@@ -220,21 +220,7 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         f"search's own: {trainings(cfg):,}) in {', '.join(c.run_dir for c in tcfgs)}"
         + ("; the last for the evaluation's baseline alone (matched compute)" if cfg.baseline.matched else ""))
     runs = [_tune_once(c, mesh, shown) for c in tcfgs]
-    chosen, spread, rescore = 0, {}, 0
-    if len(runs) > 1:  # each tuning's point on the same fresh seeds; the best becomes the baseline
-        fitness, per_seed, rescored = _fresh_scores(tcfg, [r["meta"] for r in runs], mesh, shown)
-        rescore = rescored // len(runs)
-        chosen = best_finite(fitness[:n])
-        for r, f, seeds in zip(runs, fitness, per_seed):
-            r.update(fresh_fitness=float(f), fresh_ci95=t_bounds(seeds))
-        spread = {"chosen": chosen, "chosen_by": f"the best of {n} tunings on {cfg.fitness.validation_seeds} "
-                  "fresh seeds", "spread": {key: [min(values), max(values)] for key, values in (
-                      ("fresh_fitness", [r["fresh_fitness"] for r in runs]),
-                      *((name, [r["hyperparameters"][name] for r in runs]) for name in cfg.baseline.tune))},
-                  "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history")} for r in runs]}
-        if cfg.baseline.matched:   # the evaluation's baseline: tuned with the search's trainings on top
-            spread["matched"] = {"chosen": best_finite(fitness), "hyperparameters": runs[best_finite(fitness)][
-                "hyperparameters"], "trainings": sum(r["trainings"] for r in runs) + rescore * len(runs)}
+    chosen, spread, rescore = _choose(cfg, tcfg, runs, mesh, shown) if len(runs) > 1 else (0, {}, 0)
     best = runs[chosen]
     tuned = {"hyperparameters": best["hyperparameters"], "configured": best["configured"],
              "search_space": dict(cfg.baseline.tune), "tasks": best["tasks"], "picked": best["picked"],
@@ -283,16 +269,27 @@ def _tune_once(tcfg: RunConfig, mesh: Any, shown: bool) -> dict:
             "seconds": time.perf_counter() - t + earlier, "history": outcome.searched.history, "meta": meta}
 
 
-def _fresh_scores(tcfg: RunConfig, metas: list, mesh: Any, shown: bool) -> tuple:
-    """``(fitness, per seed, trainings)`` of each tuning's point on ``fitness.validation_seeds`` seeds of a
-    stream of their own, scored as the first tuning scores its members (against its reference)."""
-    task = build_task(tcfg)
-    _, evo = build_evolution(tcfg, task, mesh, RunDir(tcfg.run_dir).reference.read())
-    candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *metas)
-    seeds = tcfg.fitness.validation_seeds
-    fitness, per_seed = _rescore(evo, candidates, _stream_keys(tcfg.seed, _TUNINGS_STREAM, seeds),
-                                 f"{len(metas)} tuned points", shown)
-    return np.asarray(fitness), np.asarray(per_seed), len(metas) * seeds * (1 + evo.paired)
+def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, mesh: Any, shown: bool) -> tuple[int, dict, int]:
+    """``(chosen, what tuned.json records of the tunings, trainings per tuning spent here)``: each tuning's point
+    scored on ``fitness.validation_seeds`` seeds of a stream of their own, as the first tuning (``tcfg``) scores its
+    members (against its reference); the best of the first ``baseline.tunings`` becomes the baseline."""
+    n, seeds = cfg.baseline.tunings, tcfg.fitness.validation_seeds
+    _, evo = build_evolution(tcfg, build_task(tcfg), mesh, RunDir(tcfg.run_dir).reference.read())
+    candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *[r["meta"] for r in runs])
+    fitness, per_seed = (np.asarray(x) for x in _rescore(evo, candidates, _stream_keys(
+        tcfg.seed, _TUNINGS_STREAM, seeds), f"{len(runs)} tuned points", shown))
+    rescore, chosen = seeds * (1 + evo.paired), best_finite(fitness[:n])
+    for r, f, scores in zip(runs, fitness, per_seed):
+        r.update(fresh_fitness=float(f), fresh_ci95=t_bounds(scores))
+    spread = {"chosen": chosen, "chosen_by": f"the best of {n} tunings on {cfg.fitness.validation_seeds} "
+              "fresh seeds", "spread": {key: [min(values), max(values)] for key, values in (
+                  ("fresh_fitness", [r["fresh_fitness"] for r in runs]),
+                  *((name, [r["hyperparameters"][name] for r in runs]) for name in cfg.baseline.tune))},
+              "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history")} for r in runs]}
+    if cfg.baseline.matched:   # the evaluation's baseline: tuned with the search's trainings on top
+        spread["matched"] = {"chosen": best_finite(fitness), "hyperparameters": runs[best_finite(fitness)][
+            "hyperparameters"], "trainings": sum(r["trainings"] for r in runs) + rescore * len(runs)}
+    return chosen, spread, rescore
 
 
 def _stream_keys(seed: int, stream: int, n: int):
