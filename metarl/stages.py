@@ -19,7 +19,7 @@ from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import RunDir
 from metarl.search import Restored, Searched, best_info, build_evolution, restore, search
-from metarl.stats import best_finite, t_bounds
+from metarl.stats import best_finite, bracket, t_bounds
 from metarl.tasks import Task, build_task, task_specs
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.evolution import Evolution
@@ -109,7 +109,7 @@ def describe(reference: dict) -> str:
     gap, where it has intervals (older runs' have none)."""
     ci = reference.get("base_ci")
     return "; ".join(
-        f"{name} baseline {base:.2f}" + (f" [{ci[i][0]:.2f}, {ci[i][1]:.2f}] (+-{50 * (ci[i][1] - ci[i][0]) / gap:.1f}%"
+        f"{name} baseline {base:.2f}" + (f" {bracket(ci[i], '.2f')} (+-{50 * (ci[i][1] - ci[i][0]) / gap:.1f}%"
                                          " of the gap)" if ci else "") + f", random {low:.2f}"
         for i, (name, base, low, gap) in enumerate(zip(reference["tasks"], reference["base"], reference["low"],
                                                        spans(reference)))) + f" (over {reference['num_seeds']} seeds)"
@@ -237,7 +237,7 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
     if spread:
         say(f"tuned baseline: {spread['chosen_by']}: " + "; ".join(
-            f"{r['run_dir']} {r['fresh_fitness']:.3f} [{r['fresh_ci95'][0]:.3f}, {r['fresh_ci95'][1]:.3f}]"
+            f"{r['run_dir']} {r['fresh_fitness']:.3f} {bracket(r['fresh_ci95'])}"
             for r in runs) + f"; {best['run_dir']} chosen" + (f", {runs[spread['matched']['chosen']]['run_dir']} the "
                                                              "evaluation's (matched compute)" if "matched" in spread else ""))
     for warning in tuned["warnings"]:
@@ -355,8 +355,8 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
             **{key: rows[best][key] for key in ("validation_fitness", "validation_ci95", "validation_ci95_best_of")}})
     chosen = rows[best]
     message(f"picked on {report['seeds']} fresh seeds: {report['picked']}, fitness {chosen['validation_fitness']:.3f} "
-            f"[{chosen['validation_ci95'][0]:.3f}, {chosen['validation_ci95'][1]:.3f}], as the best of {len(rows)} "
-            f"[{chosen['validation_ci95_best_of'][0]:.3f}, {chosen['validation_ci95_best_of'][1]:.3f}] ("
+            f"{bracket(chosen['validation_ci95'])}, as the best of {len(rows)} "
+            f"{bracket(chosen['validation_ci95_best_of'])} ("
             + "; ".join(f"{r['candidate']} {r['validation_fitness']:.3f}" for r in rows)
             + "); exported, validation.json has each")
     return report

@@ -44,6 +44,11 @@ def t_bounds(x: np.ndarray, level: float = 0.95) -> list[float]:
     return [float(b) for b in t_interval(x, level=level)]
 
 
+def bracket(bounds, spec: str = ".3f") -> str:
+    """An interval as the reports print it: ``[low, high]``, each bound formatted by ``spec``."""
+    return f"[{bounds[0]:{spec}}, {bounds[1]:{spec}}]"
+
+
 def best_finite(values: np.ndarray) -> int:
     """The index of the largest value, a non-finite one (diverged) never chosen."""
     return int(np.argmax(np.where(np.isfinite(values), values, -np.inf)))
