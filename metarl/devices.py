@@ -83,6 +83,14 @@ def check_divides(popsize: int, n_devices: int) -> None:
                          f"multiple of {n_devices} (such as {near})")
 
 
+def over_agents(fn, mesh=None):
+    """``jit(vmap(fn))``, its agents (the leading axis of every input and output) split over ``mesh``'s ``pop``
+    axis by jit's shardings: shard_map and pmap of SpaceInvaders-MinAtar's training segfaulted XLA (jax 0.11.2)."""
+    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
+                                     "out_shardings": NamedSharding(mesh, P("pop"))}
+    return jax.jit(jax.vmap(fn), **split)
+
+
 def replicate(tree: Any, mesh: Optional[Any]) -> Any:
     """A host pytree on every device of ``mesh`` as global, fully replicated arrays, as a jitted call over a
     multi-process mesh needs: each process builds its own shards from its (identical) host copy, so nothing crosses

@@ -22,7 +22,7 @@ from metarl.cli import check_run_to_read, run_command
 from metarl.errors import ConfigError
 from metarl.report import comparisons, format_report
 from metarl.rundir import CheckpointError, RunDir
-from metarl.stats import t_interval
+from metarl.stats import t_bounds
 
 EVAL_ROOT = 10_000
 ALPHA = 0.05
@@ -42,7 +42,7 @@ def eval_keys(run_seed: int, num_seeds: int):
 def summarise(final: np.ndarray) -> dict:
     finite = final[np.isfinite(final)]
     return {"mean": float(np.mean(finite)) if finite.size else float("nan"),
-            "ci95": [float(b) for b in t_interval(finite)],
+            "ci95": t_bounds(finite),
             "std": float(np.std(finite, ddof=1)) if finite.size > 1 else float("nan"),
             "n": int(finite.size), "nonfinite": int(final.size - finite.size),
             "final_returns": [float(v) for v in final]}
@@ -141,31 +141,25 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
     """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
     Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from metarl import compilation
+    from metarl import compilation, devices
     from metarl.inner_loops.envs import random_policy_return
-
-    programs = {spec.name: {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()),
-                                       None)} for spec in task.specs}  # per task, per side: (key, input) -> returns
-    for side in sides:
-        for i, (spec, train) in enumerate(zip(task.specs, side.trainers)):
-            programs[spec.name][side.label] = (
-                (lambda k, x, train=train: train(k)[1]["episode_return"], None) if side.inputs is None
-                else (lambda k, x, make=train: make(x)(k)[1]["episode_return"], side.inputs[i]))
-    # Task by task, compiled in threads (XLA compiles outside the GIL): one task's executables held at a time.
     from metarl.progress import progress
 
-    # Split by jit's shardings: shard_map and pmap of SpaceInvaders-MinAtar's training segfaulted XLA (jax 0.11.2).
-    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
-                                     "out_shardings": NamedSharding(mesh, P("pop"))}
+    # Task by task, compiled in threads (XLA compiles outside the GIL): one task's executables held at a time.
     options = compilation.compiler_options()
     curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
     compile_s = 0.0
     for i, spec in enumerate(task.specs):
+        # per side: (returns(key, input), the input per seed)
+        programs = {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()), None)}
+        for side in sides:
+            train, inputs = side.trainers[i], None if side.inputs is None else side.inputs[i]
+            programs[side.label] = ((lambda k, x, train=train: train(k)[1]["episode_return"]) if inputs is None
+                                    else (lambda k, x, make=train: make(x)(k)[1]["episode_return"]), inputs)
         where = f"task {i + 1}/{len(task.specs)}: " if len(task.specs) > 1 else ""
         t = time.perf_counter()
-        lowered = {side: jax.jit(jax.vmap(fn), **split).lower(keys, x) for side, (fn, x) in programs[spec.name].items()}
+        lowered = {side: devices.over_agents(fn, mesh).lower(keys, x) for side, (fn, x) in programs.items()}
         with progress(f"{where}compiling {len(lowered)} programs", total=len(lowered)) as bar, \
                 ThreadPoolExecutor(min(4, len(lowered))) as pool:
             def compile_one(low):
@@ -178,7 +172,7 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
         with progress(f"{where}training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
             for side, run in compiled.items():
                 t = time.perf_counter()
-                curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[spec.name][side][1])), float)
+                curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[side][1])), float)
                 seconds[spec.name][side] = time.perf_counter() - t
                 bar.update()
         del lowered, compiled
@@ -250,14 +244,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     if picks:
         from metarl import pertask
 
-        ks = sorted(picks[0])
-        report["compute"]["per_task"] = {"per task and tuning": "k", "tunings per task": per_task_tunings}
-        report["per_task"] = {"ks": ks, "tunings": per_task_tunings, "seeds_per_setting": per_task_seeds,
-                              "tuner": "random search over the run's baseline.tune ranges, the best of k / seeds "
-                                       "settings by the fitness statistic, evaluation seed i with tuning i % tunings"}
-        for row, by_k in zip(rows, picks):
-            row["per_task"] = {str(k): pertask.record(by_k[k], np.asarray(row["sides"][pertask.label(k)][
-                "final_returns"])) for k in ks}
+        pertask.report(report, picks, per_task_tunings, per_task_seeds)
     if loaded.formula:
         report["formula"] = {"k": distilled, "label": loaded.side("formula").label,
                              **{key: loaded.formula[key] for key in ("expression", "size", "nmse", "component")}}
@@ -332,7 +319,7 @@ def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
                "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]} for label, f in finals.items()},
                "random_return": random_mean,
                "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
-               "normalized_ci95": {label: [float(b) for b in t_interval(v)] for label, v in norm.items()},
+               "normalized_ci95": {label: t_bounds(v) for label, v in norm.items()},
                **{test: compare(finals[labels[a]], finals[labels[b]]) for test, _, a, b in pairs}}
         rows.append(row)
     aggregates = {}

@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from metarl import stats
+
 # The win stated before issue 57's run: recovered share (and its lower bound), IQM over the tuned configuration
 # (and its lower bound), the largest deficit a pair may show after Holm's correction, the break-even tasks.
 BAR = {"recovered": 0.5, "recovered_low": 0.2, "iqm": 1.10, "iqm_low": 1.0, "margin": 0.05, "break_even": 20}
@@ -42,7 +44,6 @@ def payoff(report: dict, frames_per_training: int, reps: int = 2000) -> dict | N
     """The summary (None unless the report has held-out tasks, a learned side and a per-task side)."""
     from scipy import stats as scipy_stats
 
-    from metarl import stats
     from metarl.pertask import label
 
     roles = {side["role"]: side["label"] for side in report["sides"]}
@@ -85,14 +86,15 @@ def payoff(report: dict, frames_per_training: int, reps: int = 2000) -> dict | N
 
 def lines(summary: dict) -> list[str]:
     """The summary as ``metarl.evaluate`` prints it."""
-    s, ci = summary, lambda v: f"[{v[0]:.2f}, {v[1]:.2f}]"  # noqa: E731
+    s = summary
     out = [f"pays for itself? on {len(s['tasks'])} held-out task(s): learned IQM {s['iqm_learned']:.3f} "
-           f"{ci(s['iqm_learned_ci95'])} of the tuned configuration (bar: >= {s['bar']['iqm']}); worse than it by > "
+           f"{stats.bracket(s['iqm_learned_ci95'], '.2f')} of the tuned configuration (bar: >= {s['bar']['iqm']}); "
+           "worse than it by > "
            f"{s['bar']['margin']} (Holm): " + (", ".join(s["worse_pairs"]) or "no pair") + f"; meta-training "
            f"{s['meta_frames']:.3g} frames"]
     for k, b in s["by_k"].items():
         out += [f"    against per-task tuning at k={k}: recovered share of its gain {b['recovered']:.2f} "
-                f"{ci(b['recovered_ci95'])} (bar: >= {s['bar']['recovered']}, lower bound > "
+                f"{stats.bracket(b['recovered_ci95'], '.2f')} (bar: >= {s['bar']['recovered']}, lower bound > "
                 f"{s['bar']['recovered_low']}); break-even after {b['after']} new task(s) ({b['per_task_frames']:.3g} "
                 f"frames per task; bar: <= {s['bar']['break_even']}); win: "
                 + ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in b["win"].items())]
@@ -107,7 +109,7 @@ def figure(summary: dict):
     by_k = summary["by_k"]
     n = np.arange(0, max(25, math.ceil(2 * max(b["tasks"] for b in by_k.values()))) + 1)
     fig = plots.new_figure(7, 4, "recovered share of per-task tuning's gain: " + "; ".join(
-        f"k={k} {b['recovered']:.2f} [{b['recovered_ci95'][0]:.2f}, {b['recovered_ci95'][1]:.2f}]"
+        f"k={k} {b['recovered']:.2f} {stats.bracket(b['recovered_ci95'], '.2f')}"
         for k, b in by_k.items()))
     ax = fig.add_subplot()
     ax.plot(n, np.full(n.shape, summary["meta_frames"]), color=plots.LEARNED, lw=2,

@@ -18,12 +18,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from metarl import compilation, devices
 from metarl.errors import ConfigError
 from metarl.progress import progress
 from metarl.rundir import RunDir
+from metarl.stats import best_finite
 
 # The stream of the run's seed that per-task tunings draw from (evaluate's keys come from key(10000)).
 _STREAM = 0x5EED_0004
@@ -99,10 +99,8 @@ def scorer(hp_task, i: int, agents: int):
     at most _CHUNK (memory stays that of a search), through one program compiled on first use for every tuning."""
     chunk = math.gcd(agents, _CHUNK)
     mesh = devices.population_mesh(chunk, fit=True)
-    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
-                                     "out_shardings": NamedSharding(mesh, P("pop"))}
     make, statistic = hp_task.trainers[i], hp_task.statistic
-    program = jax.jit(jax.vmap(lambda meta, k: statistic(make(meta)(k)[1]["episode_return"])), **split)
+    program = devices.over_agents(lambda meta, k: statistic(make(meta)(k)[1]["episode_return"]), mesh)
     compiled = []
     part = lambda tree, c: jax.tree.map(lambda x: x[c * chunk:(c + 1) * chunk], tree)  # noqa: E731
 
@@ -130,7 +128,7 @@ def _tune_once(names: tuple, points: int, seeds: int, key, score) -> dict:
 def _pick(hp_task, run: dict, n: int, tuning: int) -> dict:
     """The best of a tuning's first ``n`` draws by its mean score over seeds (a diverged draw never wins)."""
     means = np.asarray(run["scores"], float)[:n].mean(axis=1)
-    best = int(np.argmax(np.where(np.isfinite(means), means, -np.inf)))
+    best = best_finite(means)
     meta = {name: jnp.float32(v[best]) for name, v in run["z"].items()}
     return {"tuning": tuning, "z": meta, "tuning_score": float(means[best]),
             "hyperparameters": hp_task.kind.values(hp_task.component, meta)}
@@ -148,3 +146,14 @@ def record(picks: list[dict], finals: np.ndarray) -> list[dict]:
     return [{"tuning": p["tuning"], "hyperparameters": p["hyperparameters"], "tuning_score": p["tuning_score"],
              "seeds": list(range(j, len(finals), n)), "mean": float(np.nanmean(finals[j::n]))}
             for j, p in enumerate(picks)]
+
+
+def report(evaluation: dict, picks: list[dict], tunings: int, seeds: int) -> None:
+    """Adds the side's settings and compute to an evaluation's report and, per task, each k's picks (``record``)."""
+    ks = sorted(picks[0])
+    evaluation["compute"]["per_task"] = {"per task and tuning": "k", "tunings per task": tunings}
+    evaluation["per_task"] = {"ks": ks, "tunings": tunings, "seeds_per_setting": seeds,
+                              "tuner": "random search over the run's baseline.tune ranges, the best of k / seeds "
+                                       "settings by the fitness statistic, evaluation seed i with tuning i % tunings"}
+    for row, by_k in zip(evaluation["tasks"], picks):
+        row["per_task"] = {str(k): record(by_k[k], np.asarray(row["sides"][label(k)]["final_returns"])) for k in ks}

@@ -2,6 +2,8 @@
 scores and tests, the IQMs per split and each side's tuning compute, all read from the report's JSON."""
 from __future__ import annotations
 
+from metarl.stats import bracket
+
 # Tests run where both sides are evaluated: (row's Welch key, aggregate key or None, challenger, reference).
 COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_configured", "learned", "configured"),
                ("test_formula", "formula", "formula", "baseline"), ("test_per_task", "per_task", "per_task", "baseline"))
@@ -31,10 +33,10 @@ def format_report(report: dict) -> str:
         lines.append("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
                                                     for k, v in t["hyperparameters"].items())
                      + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
-                     + (f"; its fitness on fresh seeds {t['fitness']:.3f} [{t['fitness_ci95'][0]:.3f}, "
-                        f"{t['fitness_ci95'][1]:.3f}]" if t.get("fitness_ci95") else "")
-                     + (f", as the best of its candidates [{t['fitness_ci95_best_of'][0]:.3f}, "
-                        f"{t['fitness_ci95_best_of'][1]:.3f}]" if t.get("fitness_ci95_best_of") else ""))
+                     + (f"; its fitness on fresh seeds {t['fitness']:.3f} {bracket(t['fitness_ci95'])}"
+                        if t.get("fitness_ci95") else "")
+                     + (f", as the best of its candidates {bracket(t['fitness_ci95_best_of'])}"
+                        if t.get("fitness_ci95_best_of") else ""))
         if t.get("tunings"):  # several tunings: how far apart they landed
             lines.append(f"spread across {len(t['tunings'])} tunings (baseline: {t['chosen_by']}): " + ", ".join(
                 f"{k} {low:.4g} to {high:.4g}" for k, (low, high) in t["spread"].items()))
@@ -103,7 +105,7 @@ def _table(report: dict, roles: dict) -> list[str]:
     lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<{cols[s]}}" for s in shown)
              + "".join(f"{'norm. ' + _short(s).split()[-1 if s in per_task else 0]:>15}" for s in scored)
              + "".join(f"{name:>13}" for _, name in tests)]
-    cell = lambda s: f"{s['mean']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}]" + (  # noqa: E731
+    cell = lambda s: f"{s['mean']:.2f} {bracket(s['ci95'], '.2f')}" + (  # noqa: E731
         f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
     for r in report["tasks"]:
         lines.append(f"{r['task']:<{width}}{r['split']:<12}" + "".join(f"{cell(r['sides'][s]):<{cols[s]}}" for s in shown)
@@ -114,22 +116,23 @@ def _table(report: dict, roles: dict) -> list[str]:
 
 def _aggregate_lines(report: dict, roles: dict) -> list[str]:
     """Per split, the IQM of each side's normalised scores and the probabilities of improvement."""
-    ci = lambda v: f"[{v[0]:.3f}, {v[1]:.3f}]"  # noqa: E731
     named = {"learned": "learned", "formula": roles.get("formula"), "baseline": _short(roles["baseline"]),
              "configured": _short(roles.get("configured", "")), "per_task": roles.get("per_task")}
     lines = []
     for name, agg in report["aggregate"].items():
-        iqms = [f"{_short(roles['learned'])} {agg['iqm_learned']:.3f} {ci(agg['iqm_learned_ci95'])}",
-                f"{named['baseline']} {agg['iqm_baseline']:.3f} {ci(agg['iqm_baseline_ci95'])}"] if "learned" in roles else []
+        iqms = [f"{_short(roles['learned'])} {agg['iqm_learned']:.3f} {bracket(agg['iqm_learned_ci95'])}",
+                f"{named['baseline']} {agg['iqm_baseline']:.3f} {bracket(agg['iqm_baseline_ci95'])}"
+                ] if "learned" in roles else []
         better = []
         for _, key, a, b in comparisons(roles):
             v = agg if key is None else agg[key]
             # the sides this comparison adds: the configured baseline, the formula, or (TUNING) both baselines
             added = [] if key is None else [(b, "baseline")] if a == "learned" else [(a, "learned")] + [
                 (b, "baseline")] * (key == TUNING[1])
-            iqms += [f"{named[side]} {v[f'iqm_{which}']:.3f} {ci(v[f'iqm_{which}_ci95'])}" for side, which in added]
+            iqms += [f"{named[side]} {v[f'iqm_{which}']:.3f} {bracket(v[f'iqm_{which}_ci95'])}"
+                     for side, which in added]
             better.append(f"P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
-                          f"{ci(v['probability_of_improvement_ci95'])}")
+                          f"{bracket(v['probability_of_improvement_ci95'])}")
         lines += [f"{name} ({agg['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
                   "    " + "; ".join(better)]
     order = [roles[r] for r in ("learned", "formula", "baseline") if r in roles] + _per_task_labels(report) + (

@@ -19,7 +19,7 @@ from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import RunDir
 from metarl.search import Restored, Searched, best_info, build_evolution, restore, search
-from metarl.stats import t_interval
+from metarl.stats import best_finite, bracket, t_bounds
 from metarl.tasks import Task, build_task, task_specs
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.evolution import Evolution
@@ -88,20 +88,18 @@ def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], An
     """``R_base`` and ``R_low`` per task (host floats), means over ``num_seeds`` seeds, with 95% t-intervals
     (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from ``task_key(key, i)``, as a member and
     the control do; ``measured()`` follows each of the ``2 * tasks`` measurements."""
-    root = jax.random.key(seed)
-    base_keys = jax.random.split(jax.random.fold_in(root, _BASE_STREAM), num_seeds)
-    low_keys = jax.random.split(jax.random.fold_in(root, _LOW_STREAM), num_seeds)
+    base_keys, low_keys = (_stream_keys(seed, stream, num_seeds) for stream in (_BASE_STREAM, _LOW_STREAM))
     stored = {"tasks": task.names, "base": [], "low": [], "base_ci": [], "low_ci": [], "num_seeds": num_seeds,
               "seed": seed}
     for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):
-        baseline = jax.jit(jax.vmap(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"]))
-        random_play = jax.jit(jax.vmap(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
-                                                                                   spec.env_args or ())))
+        baseline = devices.over_agents(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"])
+        random_play = devices.over_agents(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
+                                                                                      spec.env_args or ()))
         for name, program, keys in (("base", baseline, base_keys), ("low", random_play, low_keys)):
             values = np.asarray(compilation.compile_program(program, keys)(keys), np.float64)
             values = np.asarray(task.statistic(values)) if name == "base" else values
             stored[name].append(float(values.mean()))
-            stored[name + "_ci"].append([float(b) for b in t_interval(values)])
+            stored[name + "_ci"].append(t_bounds(values))
             measured()
     return stored
 
@@ -111,7 +109,7 @@ def describe(reference: dict) -> str:
     gap, where it has intervals (older runs' have none)."""
     ci = reference.get("base_ci")
     return "; ".join(
-        f"{name} baseline {base:.2f}" + (f" [{ci[i][0]:.2f}, {ci[i][1]:.2f}] (+-{50 * (ci[i][1] - ci[i][0]) / gap:.1f}%"
+        f"{name} baseline {base:.2f}" + (f" {bracket(ci[i], '.2f')} (+-{50 * (ci[i][1] - ci[i][0]) / gap:.1f}%"
                                          " of the gap)" if ci else "") + f", random {low:.2f}"
         for i, (name, base, low, gap) in enumerate(zip(reference["tasks"], reference["base"], reference["low"],
                                                        spans(reference)))) + f" (over {reference['num_seeds']} seeds)"
@@ -222,22 +220,7 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         f"search's own: {trainings(cfg):,}) in {', '.join(c.run_dir for c in tcfgs)}"
         + ("; the last for the evaluation's baseline alone (matched compute)" if cfg.baseline.matched else ""))
     runs = [_tune_once(c, mesh, shown) for c in tcfgs]
-    chosen, spread, rescore = 0, {}, 0
-    if len(runs) > 1:  # each tuning's point on the same fresh seeds; the best becomes the baseline
-        fitness, per_seed, rescored = _fresh_scores(tcfg, [r["meta"] for r in runs], mesh, shown)
-        rescore = rescored // len(runs)
-        best_of = lambda m: int(np.argmax(np.where(np.isfinite(fitness[:m]), fitness[:m], -np.inf)))  # noqa: E731
-        chosen = best_of(n)
-        for r, f, seeds in zip(runs, fitness, per_seed):
-            r.update(fresh_fitness=float(f), fresh_ci95=[float(b) for b in t_interval(np.asarray(seeds, float))])
-        spread = {"chosen": chosen, "chosen_by": f"the best of {n} tunings on {cfg.fitness.validation_seeds} "
-                  "fresh seeds", "spread": {key: [min(values), max(values)] for key, values in (
-                      ("fresh_fitness", [r["fresh_fitness"] for r in runs]),
-                      *((name, [r["hyperparameters"][name] for r in runs]) for name in cfg.baseline.tune))},
-                  "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history")} for r in runs]}
-        if cfg.baseline.matched:   # the evaluation's baseline: tuned with the search's trainings on top
-            spread["matched"] = {"chosen": best_of(len(runs)), "hyperparameters": runs[best_of(len(runs))][
-                "hyperparameters"], "trainings": sum(r["trainings"] for r in runs) + rescore * len(runs)}
+    chosen, spread, rescore = _choose(cfg, tcfg, runs, mesh, shown) if len(runs) > 1 else (0, {}, 0)
     best = runs[chosen]
     tuned = {"hyperparameters": best["hyperparameters"], "configured": best["configured"],
              "search_space": dict(cfg.baseline.tune), "tasks": best["tasks"], "picked": best["picked"],
@@ -254,7 +237,7 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
     if spread:
         say(f"tuned baseline: {spread['chosen_by']}: " + "; ".join(
-            f"{r['run_dir']} {r['fresh_fitness']:.3f} [{r['fresh_ci95'][0]:.3f}, {r['fresh_ci95'][1]:.3f}]"
+            f"{r['run_dir']} {r['fresh_fitness']:.3f} {bracket(r['fresh_ci95'])}"
             for r in runs) + f"; {best['run_dir']} chosen" + (f", {runs[spread['matched']['chosen']]['run_dir']} the "
                                                              "evaluation's (matched compute)" if "matched" in spread else ""))
     for warning in tuned["warnings"]:
@@ -286,18 +269,37 @@ def _tune_once(tcfg: RunConfig, mesh: Any, shown: bool) -> dict:
             "seconds": time.perf_counter() - t + earlier, "history": outcome.searched.history, "meta": meta}
 
 
-def _fresh_scores(tcfg: RunConfig, metas: list, mesh: Any, shown: bool) -> tuple:
-    """``(fitness, per seed, trainings)`` of each tuning's point on ``fitness.validation_seeds`` seeds of a
-    stream of their own, scored as the first tuning scores its members (against its reference)."""
-    task = build_task(tcfg)
-    _, evo = build_evolution(tcfg, task, mesh, RunDir(tcfg.run_dir).reference.read())
-    candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *metas)
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(tcfg.seed), _TUNINGS_STREAM),
-                            tcfg.fitness.validation_seeds)
-    with progress(f"scoring {len(metas)} tuned points on {len(keys)} fresh seeds", enabled=shown):
-        fitness, per_seed = jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(
-            candidates, keys))
-    return np.asarray(fitness), np.asarray(per_seed), len(metas) * len(keys) * (1 + evo.paired)
+def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, mesh: Any, shown: bool) -> tuple[int, dict, int]:
+    """``(chosen, what tuned.json records of the tunings, trainings per tuning spent here)``: each tuning's point
+    scored on ``fitness.validation_seeds`` seeds of a stream of their own, as the first tuning (``tcfg``) scores its
+    members (against its reference); the best of the first ``baseline.tunings`` becomes the baseline."""
+    n, seeds = cfg.baseline.tunings, tcfg.fitness.validation_seeds
+    _, evo = build_evolution(tcfg, build_task(tcfg), mesh, RunDir(tcfg.run_dir).reference.read())
+    candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *[r["meta"] for r in runs])
+    fitness, per_seed = (np.asarray(x) for x in _rescore(evo, candidates, _stream_keys(
+        tcfg.seed, _TUNINGS_STREAM, seeds), f"{len(runs)} tuned points", shown))
+    rescore, chosen = seeds * (1 + evo.paired), best_finite(fitness[:n])
+    for r, f, scores in zip(runs, fitness, per_seed):
+        r.update(fresh_fitness=float(f), fresh_ci95=t_bounds(scores))
+    spread = {"chosen": chosen, "chosen_by": f"the best of {n} tunings on {cfg.fitness.validation_seeds} "
+              "fresh seeds", "spread": {key: [min(values), max(values)] for key, values in (
+                  ("fresh_fitness", [r["fresh_fitness"] for r in runs]),
+                  *((name, [r["hyperparameters"][name] for r in runs]) for name in cfg.baseline.tune))},
+              "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history")} for r in runs]}
+    if cfg.baseline.matched:   # the evaluation's baseline: tuned with the search's trainings on top
+        spread["matched"] = {"chosen": best_finite(fitness), "hyperparameters": runs[best_finite(fitness)][
+            "hyperparameters"], "trainings": sum(r["trainings"] for r in runs) + rescore * len(runs)}
+    return chosen, spread, rescore
+
+
+def _stream_keys(seed: int, stream: int, n: int):
+    return jax.random.split(jax.random.fold_in(jax.random.key(seed), stream), n)
+
+
+def _rescore(evo: Evolution, candidates, keys, what: str, shown: bool) -> tuple:
+    """``Evolution.rescore`` of ``candidates`` on ``keys`` (fresh seeds), compiled as metarl compiles."""
+    with progress(f"scoring {what} on {len(keys)} fresh seeds", enabled=shown):
+        return jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(candidates, keys))
 
 
 def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05) -> list[str]:
@@ -333,22 +335,17 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
     top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
     candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(cfg.seed), _VALIDATION_STREAM),
-                            cfg.fitness.validation_seeds)
-    with progress(f"scoring {len(found) + 1} candidates on {len(keys)} fresh seeds", enabled=shown):
-        fitness, per_seed = jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(
-            candidates, keys))
+    keys = _stream_keys(cfg.seed, _VALIDATION_STREAM, cfg.fitness.validation_seeds)
+    fitness, per_seed = _rescore(evo, candidates, keys, f"{len(found) + 1} candidates", shown)
     labels = [f"top {i + 1}" for i in found] + ["search mean"]
     search_fitness = [float(top_fitness[i]) for i in found] + [None]
     generation = [int(top_generation[i]) for i in found] + [int(state.generation)]
     # The picked candidate is the best of k on these seeds: its interval at 1 - 0.05/k (Bonferroni) holds
     # for all k at once, so it still covers the pick's true fitness after the choice.
     rows = [{"candidate": label, "generation": g, "search_fitness": f, "validation_fitness": float(v),
-             "validation_ci95": [float(b) for b in t_interval(np.asarray(s, np.float64))],
-             "validation_ci95_best_of": [float(b) for b in t_interval(np.asarray(s, np.float64),
-                                                                       level=1 - 0.05 / len(labels))]}
+             "validation_ci95": t_bounds(s), "validation_ci95_best_of": t_bounds(s, level=1 - 0.05 / len(labels))}
             for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
-    best = int(np.argmax(np.where(np.isfinite(fitness), fitness, -np.inf)))
+    best = best_finite(fitness)
     report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
               "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
     if jax.process_index() == 0:
@@ -358,8 +355,8 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
             **{key: rows[best][key] for key in ("validation_fitness", "validation_ci95", "validation_ci95_best_of")}})
     chosen = rows[best]
     message(f"picked on {report['seeds']} fresh seeds: {report['picked']}, fitness {chosen['validation_fitness']:.3f} "
-            f"[{chosen['validation_ci95'][0]:.3f}, {chosen['validation_ci95'][1]:.3f}], as the best of {len(rows)} "
-            f"[{chosen['validation_ci95_best_of'][0]:.3f}, {chosen['validation_ci95_best_of'][1]:.3f}] ("
+            f"{bracket(chosen['validation_ci95'])}, as the best of {len(rows)} "
+            f"{bracket(chosen['validation_ci95_best_of'])} ("
             + "; ".join(f"{r['candidate']} {r['validation_fitness']:.3f}" for r in rows)
             + "); exported, validation.json has each")
     return report

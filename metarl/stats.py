@@ -39,6 +39,21 @@ def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
     return mean - half, mean + half
 
 
+def t_bounds(x: np.ndarray, level: float = 0.95) -> list[float]:
+    """``t_interval`` of a sample as the ``[low, high]`` the reports store."""
+    return [float(b) for b in t_interval(x, level=level)]
+
+
+def bracket(bounds, spec: str = ".3f") -> str:
+    """An interval as the reports print it: ``[low, high]``, each bound formatted by ``spec``."""
+    return f"[{bounds[0]:{spec}}, {bounds[1]:{spec}}]"
+
+
+def best_finite(values: np.ndarray) -> int:
+    """The index of the largest value, a non-finite one (diverged) never chosen."""
+    return int(np.argmax(np.where(np.isfinite(values), values, -np.inf)))
+
+
 def interval(statistic: Callable[..., float], scores: tuple[np.ndarray, ...], reps: int,
              rng: np.random.RandomState, size: float = 0.95) -> tuple[float, list[float]]:
     """``(statistic(*scores), [lower, upper])``: stratified bootstrap interval of coverage ``size``, ``reps`` draws
