@@ -22,7 +22,7 @@ from metarl.cli import check_run_to_read, run_command
 from metarl.errors import ConfigError
 from metarl.report import comparisons, format_report
 from metarl.rundir import CheckpointError, RunDir
-from metarl.stats import t_bounds
+from metarl.stats import t_bounds, welch
 
 EVAL_ROOT = 10_000
 ALPHA = 0.05
@@ -52,14 +52,14 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
     from scipy import stats
 
     a, b = learned[np.isfinite(learned)], baseline[np.isfinite(baseline)]
-    welch = stats.ttest_ind(a, b, equal_var=False)
+    t = welch(a, b)
     mwu = stats.mannwhitneyu(a, b, alternative="two-sided")
     diff = float(np.mean(a) - np.mean(b))
-    return {"difference": diff, "welch_t": float(welch.statistic), "welch_df": float(welch.df),
-            "welch_p": float(welch.pvalue), "mannwhitney_u": float(mwu.statistic),
+    return {"difference": diff, "welch_t": float(t.statistic), "welch_df": float(t.df),
+            "welch_p": float(t.pvalue), "mannwhitney_u": float(mwu.statistic),
             "mannwhitney_p": float(mwu.pvalue), "alpha": ALPHA,
             "winner": "learned" if diff > 0 else "baseline" if diff < 0 else "tie",
-            "significant": bool(welch.pvalue < ALPHA)}
+            "significant": bool(t.pvalue < ALPHA)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,3 +56,15 @@ def test_estimators_equal_rliable():
     assert stats.probability_of_improvement(learned, baseline) == pytest.approx(
         rliable_metrics.probability_of_improvement(learned, baseline), abs=1e-15)
     assert stats.probability_of_improvement(baseline, baseline) == 0.5
+
+
+def test_welch_at_a_ceiling_gives_its_p_without_scipys_precision_warning():
+    # CartPole at 500 on every seed on one side: scipy warns of precision loss although the variance is exactly 0.
+    ceiling, other = np.full(16, 500.0), np.r_[np.full(12, 500.0), 480.0, 470.0, 490.0, 495.0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = evaluate.compare(ceiling, other)
+        p = stats.welch(ceiling, other, alternative="less").pvalue
+    assert not [w for w in caught if "Precision loss" in str(w.message)]
+    assert 0.0 < result["welch_p"] < 1.0 and result["welch_df"] == pytest.approx(15.0)
+    assert p == pytest.approx(1.0 - result["welch_p"] / 2)   # one-sided (less) of a positive t
