@@ -330,7 +330,12 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
          message: Callable[[str], None]) -> dict:
     """Score the ``fitness.validation_top`` best members and the search's mean again, as the search did, on
     ``fitness.validation_seeds`` unused seeds (a stream of the run's seed) and export the best: the best member
-    is the one seed noise flattered most. Writes validation.json and returns it."""
+    is the one seed noise flattered most. Writes validation.json and returns it; a resumed run whose pick at this
+    generation is written (validation.json, written after the export) reads it instead of scoring again."""
+    report = run_dir.validation.read()
+    if report is not None and report.get("generation") == int(state.generation):
+        _say_pick(report, message, "picked earlier")
+        return report
     top_fitness, top_generation = (np.asarray(jax.device_get(x)) for x in (state.top_fitness, state.top_generation))
     found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
     top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
@@ -346,17 +351,23 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
              "validation_ci95": t_bounds(s), "validation_ci95_best_of": t_bounds(s, level=1 - 0.05 / len(labels))}
             for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
     best = best_finite(fitness)
-    report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
+    report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "generation": int(state.generation),
+              "candidates": rows, "picked": labels[best],
               "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
     if jax.process_index() == 0:
-        run_dir.validation.write(report)
         run_dir.write_best(jax.tree.map(lambda x: x[best], candidates), {
             **best_info(cfg, task, generation[best], search_fitness[best]), "picked": labels[best],
             **{key: rows[best][key] for key in ("validation_fitness", "validation_ci95", "validation_ci95_best_of")}})
-    chosen = rows[best]
-    message(f"picked on {report['seeds']} fresh seeds: {report['picked']}, fitness {chosen['validation_fitness']:.3f} "
+        run_dir.validation.write(report)
+    _say_pick(report, message, "picked")
+    return report
+
+
+def _say_pick(report: dict, message: Callable[[str], None], verb: str) -> None:
+    rows = report["candidates"]
+    chosen = next(r for r in rows if r["candidate"] == report["picked"])
+    message(f"{verb} on {report['seeds']} fresh seeds: {report['picked']}, fitness {chosen['validation_fitness']:.3f} "
             f"{bracket(chosen['validation_ci95'])}, as the best of {len(rows)} "
             f"{bracket(chosen['validation_ci95_best_of'])} ("
             + "; ".join(f"{r['candidate']} {r['validation_fitness']:.3f}" for r in rows)
             + "); exported, validation.json has each")
-    return report

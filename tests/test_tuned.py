@@ -129,6 +129,26 @@ def test_a_kill_while_tuning_continues_to_the_same_tuned_point(tuned_run, tmp_pa
     assert (run_dir / "best_meta_params.msgpack").read_bytes() == (straight / "best_meta_params.msgpack").read_bytes()
 
 
+def test_a_resumed_run_reads_its_finished_picks_instead_of_scoring_again(tuned_run, tmp_path):
+    # Killed after its tunings finished but before tuned.json: the resume re-enters every tuning, and each
+    # tuning's pick (and the run's own) is read from validation.json, not scored again on the fresh seeds.
+    straight, _ = tuned_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight, run_dir)
+    (run_dir / "tuned.json").unlink()
+    kept = {p: p.read_bytes() for p in run_dir.rglob("*") if p.name in ("validation.json", "best_meta_params.msgpack")}
+    assert len(kept) == 6   # the run's, tune's and tune-2's
+    result = evolve([f"resume={run_dir}"], cwd=tmp_path, timeout=800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("picked earlier on 4 fresh seeds: ") == 3 and "\npicked on " not in result.stdout
+    assert {p: p.read_bytes() for p in kept} == kept
+    def timeless(tuned):   # the seconds each took differ; nothing else may
+        return {**{k: v for k, v in tuned.items() if k != "seconds"},
+                "tunings": [{k: v for k, v in t.items() if k != "seconds"} for t in tuned["tunings"]]}
+    resumed, expected = (timeless(json.loads((d / "tuned.json").read_text())) for d in (run_dir, straight))
+    assert resumed == expected
+
+
 def test_a_tuning_smaller_than_the_search_is_refused(tmp_path):
     result = evolve([*ARGS, "baseline.generations=1", "es.generations=2", f"run_dir={tmp_path / 'run'}"],
                     cwd=tmp_path)
