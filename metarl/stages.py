@@ -17,7 +17,7 @@ from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import Logger, say
 from metarl.progress import progress
-from metarl.rundir import RunDir
+from metarl.rundir import CheckpointError, RunDir
 from metarl.search import Restored, Searched, best_info, build_evolution, restore, search
 from metarl.stats import best_finite, bracket, t_bounds
 from metarl.tasks import Task, build_task, task_specs
@@ -331,9 +331,9 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     """Score the ``fitness.validation_top`` best members and the search's mean again, as the search did, on
     ``fitness.validation_seeds`` unused seeds (a stream of the run's seed) and export the best: the best member
     is the one seed noise flattered most. Writes validation.json and returns it; a resumed run whose pick at this
-    generation is written (validation.json, written after the export) reads it instead of scoring again."""
-    report = run_dir.validation.read()
-    if report is not None and report.get("generation") == int(state.generation):
+    generation is written and exported reads it instead of scoring again."""
+    report = _picked_earlier(run_dir, int(state.generation))
+    if report is not None:
         _say_pick(report, message, "picked earlier")
         return report
     top_fitness, top_generation = (np.asarray(jax.device_get(x)) for x in (state.top_fitness, state.top_generation))
@@ -351,8 +351,7 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
              "validation_ci95": t_bounds(s), "validation_ci95_best_of": t_bounds(s, level=1 - 0.05 / len(labels))}
             for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
     best = best_finite(fitness)
-    report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "generation": int(state.generation),
-              "candidates": rows, "picked": labels[best],
+    report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
               "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
     if jax.process_index() == 0:
         run_dir.write_best(jax.tree.map(lambda x: x[best], candidates), {
@@ -361,6 +360,19 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
         run_dir.validation.write(report)
     _say_pick(report, message, "picked")
     return report
+
+
+def _picked_earlier(run_dir: RunDir, generation: int) -> Optional[dict]:
+    """validation.json's pick where it was made at ``generation`` (its last candidate, the search's mean, is of the
+    generation picked at) and its candidate is the export; else None."""
+    report = run_dir.validation.read()
+    if report is None or report["candidates"][-1]["generation"] != generation:
+        return None
+    try:
+        _, info = run_dir.read_best()
+    except CheckpointError:
+        return None
+    return report if info.get("picked") == report["picked"] else None
 
 
 def _say_pick(report: dict, message: Callable[[str], None], verb: str) -> None:
