@@ -332,7 +332,7 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     ``fitness.validation_seeds`` unused seeds (a stream of the run's seed) and export the best: the best member
     is the one seed noise flattered most. Writes validation.json and returns it; a resumed run whose pick at this
     generation is written and exported reads it instead of scoring again."""
-    report = _picked_earlier(run_dir, int(state.generation))
+    report = _picked_earlier(run_dir, int(state.generation), cfg.fitness.validation_seeds)
     if report is not None:
         _say_pick(report, message, "picked earlier")
         return report
@@ -362,11 +362,12 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     return report
 
 
-def _picked_earlier(run_dir: RunDir, generation: int) -> Optional[dict]:
+def _picked_earlier(run_dir: RunDir, generation: int, seeds: int) -> Optional[dict]:
     """validation.json's pick where it was made at ``generation`` (its last candidate, the search's mean, is of the
-    generation picked at) and its candidate is the export; else None."""
+    generation picked at) on ``seeds`` seeds (a resume may change fitness.validation_seeds to pick again) and its
+    candidate is the export; else None."""
     report = run_dir.validation.read()
-    if report is None or report["candidates"][-1]["generation"] != generation:
+    if report is None or report["candidates"][-1]["generation"] != generation or report["seeds"] != seeds:
         return None
     try:
         _, info = run_dir.read_best()
