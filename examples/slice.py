@@ -1,0 +1,106 @@
+"""A slice through a run's tuned PPO: one tuned hyperparameter set to several values, the others as tuned,
+each scored as the run's tunings were compared (``metarl.stages.tune``: paired fitness against PPO as
+configured on the trained-on tasks, the same fresh seeds, the first tuning's reference). Where the tuned value
+lies at an edge of its range, a slice past that edge says whether widening the range could find better.
+
+    python examples/slice.py RUN_DIR NAME VALUES OUT_DIR
+    python examples/slice.py checkpoints/adaptive_schedule_cpu_r2 gae_lambda 0,0.1,0.2,0.33,0.45,0.6 out/
+
+Needs RUN_DIR/tuned.json from a run with ``baseline.tunings`` >= 2 (the seeds its tunings were compared on).
+One program scores every value at once (the values as meta-parameters of kind hyperparams over a range that
+holds them). OUT_DIR gets ``slice_NAME.json`` and ``slice_NAME.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def slice_through(run_dir: Path, name: str, values: list[float]) -> dict:
+    """The tuned point with ``name`` at each of ``values``: paired fitness and its 95% interval per value."""
+    import jax
+    import numpy as np
+
+    from metarl import stages
+    from metarl.results import load_config
+    from metarl.rundir import RunDir
+    from metarl.search import build_evolution
+    from metarl.stats import t_bounds
+    from metarl.tasks import build_task
+
+    cfg, rd = load_config(run_dir), RunDir(run_dir)
+    tuned = rd.tuned.read()
+    if tuned is None or "tunings" not in tuned:
+        raise ValueError(f"{run_dir}/tuned.json: missing or from a single tuning; allowed: a run tuned with "
+                         "baseline.tunings >= 2")
+    if name not in tuned["hyperparameters"]:
+        raise ValueError(f"NAME: {name!r}; allowed: {', '.join(tuned['hyperparameters'])}")
+    # A range just wider than both the values and the tuned one: the sigmoid encodes open intervals only.
+    space = dict(cfg.baseline.tune)
+    low, high, log = space[name]["low"], space[name]["high"], space[name].get("log", False)
+    lo, hi = min(values + [low]), max(values + [high])
+    pad = (hi / lo) ** 0.01 if log else 0.01 * (hi - lo)
+    space[name] = {"low": lo / pad if log else lo - pad, "high": hi * pad if log else hi + pad, "log": log}
+    tcfg = stages.tuning_config(dataclasses.replace(cfg, baseline=dataclasses.replace(cfg.baseline, tune=space)), rd)
+    task = build_task(tcfg)
+    _, evo = build_evolution(tcfg, task, "auto", RunDir(tcfg.run_dir).reference.read())
+    points = [{**tuned["hyperparameters"], name: v} for v in values]
+    candidates = jax.tree.map(lambda *z: np.stack(z), *[task.component.encode(p) for p in points])
+    keys = stages._stream_keys(tcfg.seed, stages._TUNINGS_STREAM, tcfg.fitness.validation_seeds)
+    fitness, per_seed = stages._rescore(evo, candidates, keys, f"{len(values)} values of {name}", True)
+    decoded = [task.kind.values(task.component, jax.tree.map(lambda x, i=i: x[i], candidates))[name]
+               for i in range(len(values))]
+    return {"run_dir": str(run_dir), "name": name, "range": [low, high], "tuned": tuned["hyperparameters"],
+            "seeds": len(keys), "tunings_compared": [{k: t[k] for k in ("run_dir", "fresh_fitness", "fresh_ci95")}
+                                                     for t in tuned["tunings"]],
+            "slice": [{name: v, "fitness": float(f), "ci95": t_bounds(np.asarray(s))}
+                      for v, f, s in zip(decoded, np.asarray(fitness), np.asarray(per_seed))]}
+
+
+def table(result: dict) -> str:
+    name, (low, high) = result["name"], result["range"]
+    lines = [f"| {name} | paired fitness (PPO as configured's margin = 1), {result['seeds']} seeds | in range |",
+             "| --- | --- | --- |"]
+    for row in result["slice"]:
+        v, (a, b) = row[name], row["ci95"]
+        lines.append(f"| {v:.4g} | {row['fitness']:.3f} [{a:.3f}, {b:.3f}] | {'yes' if low <= v <= high else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("name")
+    parser.add_argument("values")
+    parser.add_argument("out_dir", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        values = [float(x) for x in args.values.split(",")]
+    except ValueError:
+        parser.error("VALUES: a comma-separated list of numbers")
+    from metarl import compilation, devices
+
+    compilation.enable_compilation_cache()
+    devices.use_cpu_cores("auto")   # a device per core, as evolve has
+    t = time.perf_counter()
+    try:
+        result = slice_through(args.run_dir, args.name, values)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    result["seconds"] = time.perf_counter() - t
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"slice_{args.name}"
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(table(result) + "\n")
+    print(table(result))
+    print(f"wrote {out}.json and .md in {result['seconds'] / 60:.1f} minutes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
