@@ -107,6 +107,9 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
         logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
     if ckpt.removed_incomplete:
         logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
+    if start >= cfg.es.generations:  # a finished search resumed for what follows it: nothing to compile
+        ckpt.close()
+        return Searched(state, history, start, 0.0, float(state.best_fitness))
 
     t0 = time.perf_counter()
     with progress("compiling the generation", enabled=shown):

@@ -141,6 +141,7 @@ def test_a_resumed_run_reads_its_finished_picks_instead_of_scoring_again(tuned_r
     result = evolve([f"resume={run_dir}"], cwd=tmp_path, timeout=800)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("picked earlier on 4 fresh seeds: ") == 3 and "\npicked on " not in result.stdout
+    assert "compiled the generation" not in result.stdout   # finished searches compile nothing
     assert {p: p.read_bytes() for p in kept} == kept
     def timeless(tuned):   # the seconds each took differ; nothing else may
         return {**{k: v for k, v in tuned.items() if k != "seconds"},
