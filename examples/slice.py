@@ -5,7 +5,7 @@ seeds no stage uses (the tuned point was chosen on the comparison's seeds, which
 value lies at an edge of its range, a slice past that edge says whether a wider range could find better.
 
     python examples/slice.py RUN_DIR NAME VALUES OUT_DIR [--seeds 16]
-    python examples/slice.py checkpoints/adaptive_schedule_cpu gae_lambda 0,0.1,0.2,0.3265,0.45,0.6,0.8 out/
+    python examples/slice.py checkpoints/adaptive_schedule_cpu gae_lambda 0,0.05,0.1,0.3,0.5,0.86 out/
 
 Needs RUN_DIR/tuned.json. One program scores every value at once (the values as meta-parameters of kind
 hyperparams over a range that holds them). OUT_DIR gets ``slice_NAME.json`` and ``slice_NAME.md``.

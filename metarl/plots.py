@@ -366,8 +366,9 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
             ax.axvspan(i - 0.5, i + 0.5, color="0.9", zorder=0)
     ax.axhline(1.0, color=BASELINE, lw=0.8, ls="--")
     ax.axhline(0.0, color="0.5", lw=0.8, ls=":")
-    ax.set_xticks(x, [r["task"].replace("[", "\n[") + ("\n(held out)" if r["split"] == "held-out" else "")
-                      for r in rows], fontsize=7)
+    # "total_timesteps=" spelled out made neighbouring labels overlap at seven tasks
+    ax.set_xticks(x, [r["task"].replace("[", "\n[").replace("total_timesteps=", "T=")
+                      + ("\n(held out)" if r["split"] == "held-out" else "") for r in rows], fontsize=7)
     ax.set_ylabel("normalised score (baseline = 1, random = 0)")
     ax.legend(fontsize=8)
     names = list(aggregates)
