@@ -141,13 +141,15 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
     """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
     Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
     import jax
+    import joblib
 
     from metarl import compilation, devices
     from metarl.inner_loops.envs import random_policy_return
     from metarl.progress import progress
 
-    # Task by task, compiled in threads (XLA compiles outside the GIL): one task's executables held at a time.
-    options = compilation.compiler_options()
+    # Task by task, one task's executables held at a time, compiled in threads (XLA compiles outside the GIL), one
+    # per two cores: each compilation holds memory of its own, and on 2 cores a second thread saved no time.
+    options, workers = compilation.compiler_options(), max(1, min(4, joblib.cpu_count(only_physical_cores=False) // 2))
     curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
     compile_s = 0.0
     for i, spec in enumerate(task.specs):
@@ -161,7 +163,7 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
         t = time.perf_counter()
         lowered = {side: devices.over_agents(fn, mesh).lower(keys, x) for side, (fn, x) in programs.items()}
         with progress(f"{where}compiling {len(lowered)} programs", total=len(lowered)) as bar, \
-                ThreadPoolExecutor(min(4, len(lowered))) as pool:
+                ThreadPoolExecutor(min(workers, len(lowered))) as pool:
             def compile_one(low):
                 program = low.compile(options)
                 bar.update()
