@@ -36,19 +36,23 @@ def patient_cpu_collectives() -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --{COLLECTIVE_TIMEOUT_FLAG}={COLLECTIVE_TIMEOUT_S}".strip()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (loky's count): its affinity, a cgroup CPU quota, LOKY_MAX_CPU_COUNT."""
+    import joblib
+
+    return joblib.cpu_count(only_physical_cores=False)
+
+
 def use_cpu_cores(num_cpu_devices: int | str = "auto") -> None:
     """Give this process its CPU devices before JAX starts its backends: ``num_cpu_devices``, or with ``auto`` one
     per usable core (unless ``JAX_NUM_CPU_DEVICES`` or XLA's forced device count says how many). With an accelerator
     they are idle and cost nothing. Once JAX has started, its devices stay; another count is a ``ValueError``."""
-    import joblib
-
     patient_cpu_collectives()
     auto = num_cpu_devices == "auto"
     if auto and any(setting in os.environ.get("XLA_FLAGS", "") or os.environ.get(setting, "").strip()
                     for setting in CPU_DEVICE_SETTINGS):
         return
-    # the cores this process may run on (loky's count): its affinity, a cgroup CPU quota, LOKY_MAX_CPU_COUNT
-    count = joblib.cpu_count(only_physical_cores=False) if auto else int(num_cpu_devices)
+    count = usable_cores() if auto else int(num_cpu_devices)
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError:  # JAX has started its backends: the devices it has stay

@@ -141,15 +141,14 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
     """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
     Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
     import jax
-    import joblib
 
     from metarl import compilation, devices
     from metarl.inner_loops.envs import random_policy_return
     from metarl.progress import progress
 
     # Task by task, one task's executables held at a time, compiled in threads (XLA compiles outside the GIL), one
-    # per two cores: each compilation holds memory of its own, and on 2 cores a second thread saved no time.
-    options, workers = compilation.compiler_options(), max(1, min(4, joblib.cpu_count(only_physical_cores=False) // 2))
+    # per two cores: each compilation holds memory of its own, and on 2 cores a second thread gains no time.
+    options, workers = compilation.compiler_options(), max(1, min(4, devices.usable_cores() // 2))
     curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
     compile_s = 0.0
     for i, spec in enumerate(task.specs):
