@@ -10,61 +10,57 @@ figures into the run directory, a suffix per setting so that other settings neve
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
+import jax
 import numpy as np
 
+from metarl import config as config_lib, payoff, results, stats
 from metarl.cli import check_run_to_read, run_command
 from metarl.errors import ConfigError
+from metarl.inner_loops.envs import random_policy_return
+from metarl.outer_loops.fitness import spans
+from metarl.progress import progress
 from metarl.report import comparisons, format_report
 from metarl.rundir import CheckpointError, RunDir
-from metarl.stats import t_bounds, welch
+from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
 EVAL_ROOT = 10_000
 ALPHA = 0.05
 
 
-
 def eval_keys(run_seed: int, num_seeds: int):
     """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000: a stream evolution's
     ``key(cfg.seed)`` never used). Both sides share keys (same init and resets): the unpaired tests are conservative."""
-    import jax
-
     root = EVAL_ROOT if run_seed != EVAL_ROOT else EVAL_ROOT + 1
-    base = jax.random.key(root)
-    return root, jax.vmap(lambda i: jax.random.fold_in(base, i))(np.arange(num_seeds, dtype=np.uint32))
+    return root, jax.vmap(lambda i: jax.random.fold_in(jax.random.key(root), i))(np.arange(num_seeds, dtype=np.uint32))
 
 
 def summarise(final: np.ndarray) -> dict:
     finite = final[np.isfinite(final)]
-    return {"mean": float(np.mean(finite)) if finite.size else float("nan"),
-            "ci95": t_bounds(finite),
-            "std": float(np.std(finite, ddof=1)) if finite.size > 1 else float("nan"),
-            "n": int(finite.size), "nonfinite": int(final.size - finite.size),
-            "final_returns": [float(v) for v in final]}
+    return {"mean": float(np.mean(finite)) if finite.size else float("nan"), "ci95": stats.t_bounds(finite),
+            "std": float(np.std(finite, ddof=1)) if finite.size > 1 else float("nan"), "n": int(finite.size),
+            "nonfinite": int(final.size - finite.size), "final_returns": [float(v) for v in final]}
 
 
 def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
-    from scipy import stats
-
+    import scipy.stats
     a, b = learned[np.isfinite(learned)], baseline[np.isfinite(baseline)]
-    t = welch(a, b)
-    mwu = stats.mannwhitneyu(a, b, alternative="two-sided")
+    t, mwu = stats.welch(a, b), scipy.stats.mannwhitneyu(a, b, alternative="two-sided")
     diff = float(np.mean(a) - np.mean(b))
-    return {"difference": diff, "welch_t": float(t.statistic), "welch_df": float(t.df),
-            "welch_p": float(t.pvalue), "mannwhitney_u": float(mwu.statistic),
-            "mannwhitney_p": float(mwu.pvalue), "alpha": ALPHA,
+    return {"difference": diff, "welch_t": float(t.statistic), "welch_df": float(t.df), "welch_p": float(t.pvalue),
+            "mannwhitney_u": float(mwu.statistic), "mannwhitney_p": float(mwu.pvalue), "alpha": ALPHA,
             "winner": "learned" if diff > 0 else "baseline" if diff < 0 else "tie",
             "significant": bool(t.pvalue < ALPHA)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Side:
-    """One side of the evaluation: its label in the report, its role and, per task, ``train(key)``."""
     label: str
     role: str            # learned, baseline (the one scores are normalised by), formula, configured or per_task
     trainers: tuple      # per task: train(key), or with ``inputs`` make(inputs of seed i)(key)
@@ -73,26 +69,23 @@ class Side:
 
 @dataclasses.dataclass
 class Loaded:
-    """A run as evaluate reads it; ``on_train[i]``: whether the run trained on task i."""
     cfg: Any
     task: Any
-    on_train: list
+    on_train: list   # per task: whether the run trained on it
     meta: Any
     info: dict
     sides: list
     formula: Optional[dict] = None   # distill's front entry K, with ``distilled=K``
 
-    def side(self, role: str) -> Optional[Side]:
-        return next((s for s in self.sides if s.role == role), None)
+    @property
+    def roles(self) -> dict:   # each role's side label; per_task: the last side's, the largest k
+        return {side.role: side.label for side in self.sides}
 
 
 def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None,
           distilled: int | None = None, split: str = "all") -> Loaded:
     """Sides: learned, baseline (the tuned one if the run tuned it, then also as configured), formula K of the
     distilled front. Tasks: ``tasks``, else ``env``/``total_timesteps`` as one, else the run's then ``eval_tasks``."""
-    from metarl import config as config_lib, results
-    from metarl.tasks import TaskSpec, build_task, default_name, task_specs
-
     def evaluated(cfg):
         if tasks is not None:
             return task_specs(dataclasses.replace(cfg, tasks=tasks))
@@ -104,8 +97,11 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
         return [TaskSpec(default_name(env or base.env, env_args, timesteps), env or base.env,
                          {**base.inner, **timesteps}, "env", env_args)]
 
+    def key(spec) -> tuple:
+        return spec.env, spec.env_args, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
+
     cfg, task = results.load_run(run_dir, evaluated)
-    trained_keys = {_spec_key(s) for s in task_specs(cfg)}
+    trained_keys = {key(s) for s in task_specs(cfg)}
     tuned = RunDir(run_dir).tuned.read()
     try:
         meta, info = RunDir(run_dir).read_best(task.template)
@@ -122,7 +118,6 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
     formula = None
     if distilled is not None:
         from metarl.distill import load_formula
-
         formula = load_formula(run_dir, distilled)
         fixed = build_task(dataclasses.replace(cfg, component=formula["component"]), task.specs)
         sides.append(Side(f"formula {formula['k']}", "formula", tuple(make({}) for make in fixed.trainers)))
@@ -130,34 +125,24 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
         configured = build_task(results.load_config(run_dir, tuned=False), task.specs)
         sides.append(Side("baseline as configured: " + task.kind.baseline(configured.inner_config), "configured",
                           tuple(configured.baselines)))
-    return Loaded(cfg, task, [_spec_key(s) in trained_keys for s in task.specs], meta, info, sides, formula)
-
-
-def _spec_key(spec) -> tuple:
-    return spec.env, spec.env_args, tuple(sorted((k, str(v)) for k, v in spec.inner.items()))
+    return Loaded(cfg, task, [key(s) in trained_keys for s in task.specs], meta, info, sides, formula)
 
 
 def _train_sides(task, sides: list[Side], keys, mesh=None):
     """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
     Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
-    import jax
-
     from metarl import compilation, devices
-    from metarl.inner_loops.envs import random_policy_return
-    from metarl.progress import progress
-
     # Task by task, one task's executables held at a time, compiled in threads (XLA compiles outside the GIL), one
     # per two cores: each compilation holds memory of its own, and on 2 cores a second thread gains no time.
     options, workers = compilation.compiler_options(), max(1, min(4, devices.usable_cores() // 2))
-    curves, seconds = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}
-    compile_s = 0.0
+    curves, seconds, compile_s = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}, 0.0
     for i, spec in enumerate(task.specs):
         # per side: (returns(key, input), the input per seed)
         programs = {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()), None)}
         for side in sides:
-            train, inputs = side.trainers[i], None if side.inputs is None else side.inputs[i]
-            programs[side.label] = ((lambda k, x, train=train: train(k)[1]["episode_return"]) if inputs is None
-                                    else (lambda k, x, make=train: make(x)(k)[1]["episode_return"]), inputs)
+            inputs = None if side.inputs is None else side.inputs[i]
+            programs[side.label] = (lambda k, x, train=side.trainers[i], per_seed=inputs is not None:
+                                    (train(x) if per_seed else train)(k)[1]["episode_return"], inputs)
         where = f"task {i + 1}/{len(task.specs)}: " if len(task.specs) > 1 else ""
         t = time.perf_counter()
         lowered = {side: devices.over_agents(fn, mesh).lower(keys, x) for side, (fn, x) in programs.items()}
@@ -181,10 +166,7 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
 
 
 def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> dict:
-    """IQM of the normalised scores (seeds x tasks) per side and P(learned > baseline), with stratified-bootstrap
-    95% CIs (``metarl.stats``: rliable's). The bootstrap is seeded: the same scores give the same CIs."""
-    from metarl import stats
-
+    """IQMs of the normalised scores (seeds x tasks) and P(learned > baseline), with seeded bootstrap 95% CIs."""
     rng, result = np.random.RandomState(0), {"tasks": int(learned.shape[1])}
     for name, statistic, scores in (("iqm_learned", stats.iqm, (learned,)), ("iqm_baseline", stats.iqm, (baseline,)),
                                     ("probability_of_improvement", stats.probability_of_improvement,
@@ -197,14 +179,11 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_cpu_devices: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None, per_task: list | None = None,
              per_task_tunings: int = 3, per_task_seeds: int = 2, split: str = "all") -> dict:
-    """The report (also in RUN_DIR/evaluation[SUFFIX].json); ``per_task=[k, ...]`` adds PPO tuned on each task
-    with k trainings (``metarl.pertask``: ``per_task_tunings`` tunings of ``per_task_seeds`` seeds per setting), and
-    with a learned side and held-out tasks ``metarl.payoff``'s summary; ``split=held-out`` (or ``trained-on``)
-    evaluates the run's tasks of that split alone. ``num_cpu_devices``: as a run's, set before JAX
-    starts; after, the agents split over the devices JAX has. Bad input raises ``ConfigError`` (a ``ValueError``)
-    naming the argument; an unreadable run directory, ``ConfigError`` or ``CheckpointError``."""
-    from metarl import compilation, devices
-
+    """The report (also in RUN_DIR/evaluation[SUFFIX].json). ``per_task=[k, ...]``: a side of PPO tuned on each task
+    with k trainings (``metarl.pertask``) and, with a learned side and held-out tasks, ``metarl.payoff``'s summary;
+    ``split``: the run's tasks of that split alone; ``num_cpu_devices``: as a run's, before JAX starts (after, the
+    devices JAX has). Bad input or an unreadable run: ``ConfigError`` naming the argument, or ``CheckpointError``."""
+    from metarl import compilation, devices, pertask
     if tasks is not None and (env or total_timesteps):
         raise ConfigError("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
     if split not in ("all", "held-out", "trained-on"):
@@ -229,7 +208,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     root, keys = eval_keys(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh)
-    rows, aggregates = _score(loaded, curves, seconds)
+    rows, aggregates, held_out = _score(loaded, curves, seconds)
     tuned = RunDir(run_dir).tuned.read()
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name,
@@ -237,29 +216,28 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
         "best_generation": loaded.info.get("generation"), "best_fitness": loaded.info.get("fitness"),
         "picked": loaded.info.get("picked"),   # the pick on fresh seeds ("top 2", "search mean"); None without one
-        "statistic": _statistic(loaded.cfg.fitness),
+        "statistic": "mean episode return over all updates (the search's fitness statistic, auc)"
+                     if loaded.cfg.fitness.statistic == "auc" else "mean episode return over the last "
+                     f"{loaded.cfg.fitness.window:.0%} of updates (the search's fitness statistic)",
         "normalized": f"(R - random policy) / ({'tuned ' if tuned else ''}baseline mean - random policy), per task",
         "tuned": tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
         "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s, "compute": _compute(loaded, tuned),
     }
     if picks:
-        from metarl import pertask
-
         pertask.report(report, picks, per_task_tunings, per_task_seeds)
     if loaded.formula:
-        report["formula"] = {"k": distilled, "label": loaded.side("formula").label,
+        report["formula"] = {"k": distilled, "label": loaded.roles["formula"],
                              **{key: loaded.formula[key] for key in ("expression", "size", "nmse", "component")}}
-    if picks and loaded.side("learned"):
-        from metarl import payoff
-        from metarl.tasks import build_task
-
-        report["payoff"] = payoff.payoff(report, build_task(loaded.cfg).frames_per_eval)
+    if picks and "learned" in loaded.roles:
+        report["payoff"] = payoff.payoff(report, held_out, build_task(loaded.cfg).frames_per_eval)
     values = None if loaded.meta is None else task.kind.values(task.component, loaded.meta)  # where it learns such
     if values is not None:
         report["learned_values"] = values
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
-    suffix = _suffix(env, total_timesteps, tasks, task) + (f"_{split}" if split != "all" else "") + (
-        f"_distilled{distilled}" if loaded.formula else "") + (
+    # a suffix per setting, so that none overwrites another's files
+    suffix = ("_tasks-" + hashlib.sha1("|".join(task.names).encode()).hexdigest()[:8] if tasks is not None else
+              (f"_{env}" if env else "") + (f"_{int(task.frames_per_eval)}" if total_timesteps is not None else ""))
+    suffix += (f"_{split}" if split != "all" else "") + (f"_distilled{distilled}" if loaded.formula else "") + (
         f"_per_task{'-'.join(str(k) for k in report['per_task']['ks'])}" if picks else "")
     _figures(RunDir(run_dir), loaded, curves, report, suffix)
     report["json"] = str(RunDir(run_dir).evaluation(suffix).write(report))
@@ -271,15 +249,10 @@ def _add_per_task(loaded: Loaded, run_dir: Path, ks: list | None, tunings: int, 
     if ks is None:
         return None
     from metarl import pertask
-    from metarl.tasks import build_task
-
-    spec = pertask.PerTask(tuple(sorted(set(ks))) if ks else (), tunings, seeds)
+    spec = pertask.PerTask(tuple(sorted(set(ks))), tunings, seeds)
     spec.check(loaded.cfg, num_seeds)
-    if not spec.ks:
-        raise ConfigError("per_task: []; allowed: a non-empty list of trainings per tuning, such as [16,64]")
-    hp = build_task(dataclasses.replace(loaded.cfg, component={"kind": "hyperparams",
-                                                               "search": dict(loaded.cfg.baseline.tune)}),
-                    loaded.task.specs)
+    space = {"kind": "hyperparams", "search": dict(loaded.cfg.baseline.tune)}
+    hp = build_task(dataclasses.replace(loaded.cfg, component=space), loaded.task.specs)
     picks = pertask.tune(loaded.cfg, hp, spec, RunDir(run_dir))
     loaded.sides += [Side(pertask.label(k), "per_task", tuple(hp.trainers),
                           tuple(pertask.per_seed(p[k], num_seeds) for p in picks)) for k in spec.ks]
@@ -287,101 +260,69 @@ def _add_per_task(loaded: Loaded, run_dir: Path, ks: list | None, tunings: int, 
 
 
 def _compute(loaded: Loaded, tuned: Optional[dict]) -> dict:
-    """Each side's tuning compute in trainings, on the trained-on tasks (a member's training on all of them counts
-    once); a side tuned per task spends k per task and tuning on the evaluated tasks themselves."""
+    """Each side's tuning compute in trainings on the trained-on tasks (one training on all of them counts once)."""
     from metarl.stages import pick_trainings, trainings
-
-    tuning = tuned["trainings"] if tuned else 0
-    compute = {"learned": {"search": trainings(loaded.cfg) + pick_trainings(loaded.cfg), "tuning": tuning},
-               "baseline": {"tuning": tuned.get("matched", tuned)["trainings"] if tuned else 0},
-               "configured": {"tuning": 0}}
-    return {role: compute[role] for role in compute if loaded.side(role)}
+    tuned = tuned or {"trainings": 0}
+    compute = {"learned": {"search": trainings(loaded.cfg) + pick_trainings(loaded.cfg), "tuning": tuned["trainings"]},
+               "baseline": {"tuning": tuned.get("matched", tuned)["trainings"]}, "configured": {"tuning": 0}}
+    return {role: compute[role] for role in compute if role in loaded.roles}
 
 
-def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict]:
-    """Per task, each side's final returns, normalised scores and ``comparisons``; per split, ``aggregate``."""
-    from metarl.outer_loops.fitness import spans
-
-    task, labels = loaded.task, {side.role: side.label for side in loaded.sides}
-    baseline = labels["baseline"]
-    pairs = comparisons(labels)
-    rows, normalized = [], {True: [], False: []}  # per split, per task: {side: normalised scores}
+def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict, list]:
+    """Per task, each side's final returns, normalised scores and ``comparisons``; per split, ``aggregate``; per
+    held-out task, each side's normalised scores."""
+    task, labels, pairs = loaded.task, loaded.roles, comparisons(loaded.roles)
+    rows, normalized = [], {"held-out": [], "trained-on": []}  # per split, per task: {side: normalised scores}
     for spec, inner, trained in zip(task.specs, task.inner_configs, loaded.on_train):
         c = curves[spec.name]
         # the search's own statistic (fitness.statistic, fitness.window): one final return for both
         finals = {side.label: np.asarray(task.statistic(c[side.label]), float) for side in loaded.sides}
-        base_mean, random_mean = float(np.nanmean(finals[baseline])), float(np.mean(c["random"]))
+        base_mean, random_mean = float(np.nanmean(finals[labels["baseline"]])), float(np.mean(c["random"]))
         # (R - random) / (baseline - random), with the same positive scale rule as the fitness
         span = float(spans({"base": [base_mean], "low": [random_mean]})[0])
         norm = {label: (f - random_mean) / span for label, f in finals.items()}
-        normalized[trained].append(norm)
         row = {"task": spec.name, "env": spec.env, "split": "trained-on" if trained else "held-out",
                "total_timesteps": int(getattr(inner, "total_timesteps", 0)),
                "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]} for label, f in finals.items()},
-               "random_return": random_mean,
-               "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
-               "normalized_ci95": {label: t_bounds(v) for label, v in norm.items()},
+               "random_return": random_mean, "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
+               "normalized_ci95": {label: stats.t_bounds(v) for label, v in norm.items()},
                **{test: compare(finals[labels[a]], finals[labels[b]]) for test, _, a, b in pairs}}
         rows.append(row)
+        normalized[row["split"]].append(norm)
     aggregates = {}
-    for trained, name in ((False, "held-out"), (True, "trained-on")):
-        if normalized[trained]:
-            scores = {label: np.stack([n[label] for n in normalized[trained]], axis=1) for label in labels.values()}
+    for name, by_task in normalized.items():
+        if by_task:
+            scores = {label: np.stack([n[label] for n in by_task], axis=1) for label in labels.values()}
             found = {key: aggregate(scores[labels[a]], scores[labels[b]]) for _, key, a, b in pairs}
-            aggregates[name] = {**found.pop(None, {"tasks": len(normalized[trained])}), **found}
-    return rows, aggregates
+            aggregates[name] = {**found.pop(None, {"tasks": len(by_task)}), **found}
+    return rows, aggregates, normalized["held-out"]
 
 
 def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix: str) -> None:
     """Each task's learning curves and, with several tasks, the normalised scores; paths in ``report``."""
     from metarl import plots
-
-    rows, labels = report["tasks"], [side.label for side in loaded.sides]
+    rows, labels, roles = report["tasks"], [side.label for side in loaded.sides], loaded.roles
     for i, (spec, row) in enumerate(zip(loaded.task.specs, rows)):
         n_updates = curves[spec.name][labels[0]].shape[1]
         frames = np.arange(1, n_updates + 1) * (row["total_timesteps"] / n_updates)
-        fig = plots.learning_curves_figure(
-            frames, {label: curves[spec.name][label] for label in labels},
-            f"{loaded.task.kind} on {spec.name} ({row['split']}): mean and 95% CI over {report['num_seeds']} "
-            "fresh seeds")
+        fig = plots.learning_curves_figure(frames, {label: curves[spec.name][label] for label in labels},
+                                           f"{loaded.task.kind} on {spec.name} ({row['split']}): mean and 95% CI "
+                                           f"over {report['num_seeds']} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir.figures / name))
-    if len(rows) > 1 and loaded.side("learned"):
-        role = lambda r: loaded.side(r).label if loaded.side(r) else None  # noqa: E731
-        fig = plots.task_scores_figure(rows, report["aggregate"], role("learned"), role("baseline"), role("formula"),
-                                       role("configured"))
+    if len(rows) > 1 and "learned" in roles:
+        fig = plots.task_scores_figure(rows, report["aggregate"], roles["learned"], roles["baseline"],
+                                       roles.get("formula"), roles.get("configured"))
         report["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}.png"))
     else:
         report["figure"] = rows[0]["figure"]
     if "per_task" in report:
-        learned = loaded.side("learned")
         fig = plots.per_task_figure(rows, report["per_task"]["ks"], [s.label for s in loaded.sides if s.role ==
-                                    "per_task"], loaded.side("baseline").label, learned and learned.label)
+                                    "per_task"], roles["baseline"], roles.get("learned"))
         report["per_task"]["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}_per_task.png"))
     if report.get("payoff"):
-        from metarl import payoff
-
         report["payoff"]["figure"] = str(plots.save(payoff.figure(report["payoff"]),
                                                     run_dir.figures / f"evaluation{suffix}_break_even.png"))
-
-
-def _statistic(fitness) -> str:
-    """The final return in words, as the search scores it."""
-    if fitness.statistic == "auc":
-        return "mean episode return over all updates (the search's fitness statistic, auc)"
-    return f"mean episode return over the last {fitness.window:.0%} of updates (the search's fitness statistic)"
-
-
-def _suffix(env, total_timesteps, tasks, task) -> str:
-    """A suffix per setting so none overwrites another: "" (own tasks), ``_ENV``/``_FRAMES``, a digest of ``tasks``."""
-    if tasks is not None:
-        import hashlib
-
-        return "_tasks-" + hashlib.sha1("|".join(task.names).encode()).hexdigest()[:8]
-    suffix = f"_{env}" if env else ""
-    if total_timesteps is not None:
-        suffix += f"_{int(task.frames_per_eval)}"
-    return suffix
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,12 +24,10 @@ from metarl.errors import ConfigError
 
 
 def figures(run_dir: str | Path, error_range: float = 5.0) -> list[Path]:
-    """Every figure that applies to the run, written to RUN_DIR/figures (``metarl.figures``); ``error_range``:
-    the span of prediction errors the value-loss figures show."""
+    """The run's figures (``metarl.figures``); ``error_range``: the span of errors the value-loss figures show."""
     if not error_range > 0:
         raise ConfigError(f"error_range: {error_range}; allowed: > 0")
     from metarl.figures import write_figures  # matplotlib: seconds that bad arguments do without
-
     return write_figures(run_dir, error_range)
 
 

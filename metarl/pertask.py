@@ -1,12 +1,7 @@
-"""Per-task tuning, a side of ``metarl.evaluate`` (``per_task=[16,64]``): on each evaluated task, the run's
-``baseline.tune`` hyperparameters (the ranges its own tuning searched) tuned on that task by random search with k
-trainings. A tuning draws k / ``seeds`` settings uniformly (log-uniformly where ``log``), trains each on ``seeds``
-seeds, scores it by the run's fitness statistic and keeps the best. The k values share one tuning's draws (the
-best of its first k / ``seeds`` settings), so the largest k gives every smaller one. ``tunings`` tunings per task
-draw their settings and seeds from streams of their own, never evaluation's, and evaluation seed i trains with
-tuning ``i % tunings``'s pick: the side's interval holds the spread across tunings as well as across seeds. Every
-task draws the same settings and seeds for tuning j (common random numbers).
-Finished tunings are kept in the run directory and reused, so a killed evaluation loses only the one it was in."""
+"""PPO tuned on each evaluated task, a side of ``metarl.evaluate`` (``per_task=[16,64]``; docs/results.md): random
+search over the run's ``baseline.tune`` ranges, k / ``seeds`` settings on ``seeds`` seeds each, the best by the
+fitness statistic. A smaller k takes the best of the same tuning's first draws, so the largest k gives every one.
+Finished tunings are kept in the run directory: a killed evaluation loses only the one it was in."""
 from __future__ import annotations
 
 import dataclasses
@@ -32,11 +27,9 @@ _CHUNK = 64
 
 @dataclasses.dataclass(frozen=True)
 class PerTask:
-    """What a per-task side tunes with: the budgets ``ks`` (trainings per tuning), ``tunings`` per task and the
-    ``seeds`` each drawn setting trains on."""
-    ks: tuple
-    tunings: int = 3
-    seeds: int = 2
+    ks: tuple          # the budgets: trainings per tuning
+    tunings: int = 3   # per task
+    seeds: int = 2     # per drawn setting
 
     def check(self, cfg, num_seeds: int) -> None:
         """``ConfigError`` naming the argument unless this side can be built for ``cfg``'s run."""
@@ -51,9 +44,8 @@ class PerTask:
             if not isinstance(k, int) or k < self.seeds or k % self.seeds:
                 raise ConfigError(f"per_task: {k!r}; allowed: a list of multiples of per_task_seeds ({self.seeds}), "
                                   "such as [16,64]")
-
-    def points(self, k: int) -> int:
-        return k // self.seeds
+        if not self.ks:
+            raise ConfigError("per_task: []; allowed: a non-empty list of trainings per tuning, such as [16,64]")
 
 
 def label(k: int) -> str:
@@ -61,14 +53,9 @@ def label(k: int) -> str:
 
 
 def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
-    """Per task of ``hp_task`` (kind hyperparams over ``baseline.tune``), ``{k: [pick per tuning]}``; a pick is
-    ``{"z": meta-parameters, "hyperparameters", "tuning_score", "tuning": j}``. Reads and extends the run
-    directory's finished tunings."""
-    space = json.dumps(dict(cfg.baseline.tune), sort_keys=True)
-    points = per_task.points(max(per_task.ks))
-    done = run_dir.per_task.read() or {}
-    picks = []
-    total = len(hp_task.specs) * per_task.tunings
+    """Per task of ``hp_task``, ``{k: [_pick per tuning]}``; reads and extends the run directory's finished tunings."""
+    space, points = json.dumps(dict(cfg.baseline.tune), sort_keys=True), max(per_task.ks) // per_task.seeds
+    done, picks, total = run_dir.per_task.read() or {}, [], len(hp_task.specs) * per_task.tunings
     with progress(f"tuning per task: {points * per_task.seeds} trainings per tuning", total=total) as bar:
         for i, spec in enumerate(hp_task.specs):
             runs, score = [], None   # one program for the task's tunings, compiled only if one must run
@@ -83,7 +70,7 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
                         run_dir.per_task.write(done)
                 runs.append(done[name])
                 bar.update()
-            picks.append({k: [_pick(hp_task, run, per_task.points(k), j) for j, run in enumerate(runs)]
+            picks.append({k: [_pick(hp_task, run, k // per_task.seeds, j) for j, run in enumerate(runs)]
                           for k in per_task.ks})
     return picks
 
@@ -97,9 +84,8 @@ def _key(seed: int, tuning: int):
 def scorer(hp_task, i: int, agents: int):
     """``score(meta, keys)``: task ``i``'s statistic of each setting on its key, ``agents`` at a time in chunks of
     at most _CHUNK (memory stays that of a search), through one program compiled on first use for every tuning."""
-    chunk = math.gcd(agents, _CHUNK)
+    chunk, make, statistic = math.gcd(agents, _CHUNK), hp_task.trainers[i], hp_task.statistic
     mesh = devices.population_mesh(chunk, fit=True)
-    make, statistic = hp_task.trainers[i], hp_task.statistic
     program = devices.over_agents(lambda meta, k: statistic(make(meta)(k)[1]["episode_return"]), mesh)
     compiled = []
     part = lambda tree, c: jax.tree.map(lambda x: x[c * chunk:(c + 1) * chunk], tree)  # noqa: E731

@@ -2,13 +2,12 @@
 scores and tests, the IQMs per split and each side's tuning compute, all read from the report's JSON."""
 from __future__ import annotations
 
+from metarl import payoff
 from metarl.stats import bracket
 
 # Tests run where both sides are evaluated: (row's Welch key, aggregate key or None, challenger, reference).
 COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_configured", "learned", "configured"),
                ("test_formula", "formula", "formula", "baseline"), ("test_per_task", "per_task", "per_task", "baseline"))
-
-
 # A run's baselines alone (no learned side): the tuned baseline against the configured one.
 TUNING = ("test_tuning", "tuning", "baseline", "configured")
 
@@ -21,15 +20,14 @@ def comparisons(roles) -> list[tuple]:
 
 def format_report(report: dict) -> str:
     """The report as the command prints it: the header, a row per task, the IQMs per split."""
-    which = (f"{report['picked']} of generation {report['best_generation']}, picked on fresh seeds"
+    roles = {side["role"]: side["label"] for side in report["sides"]}
+    which = ("no exported learned part: its baselines alone" if "learned" not in roles
+             else f"{report['picked']} of generation {report['best_generation']}, picked on fresh seeds"
              if report.get("picked") else f"best of generation {report['best_generation']}")
-    if not any(side["role"] == "learned" for side in report["sides"]):
-        which = "no exported learned part: its baselines alone"
     lines = [f"{report['kind']} from {report['run_dir']} ({which}): "
              f"{report['num_seeds']} fresh seeds per side and task (fold_in(key({report['key_root']}), i))",
              f"final return = {report['statistic']}; normalised = {report['normalized']}"]
-    if report.get("tuned"):
-        t = report["tuned"]
+    if t := report.get("tuned"):
         lines.append("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
                                                     for k, v in t["hyperparameters"].items())
                      + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
@@ -50,12 +48,9 @@ def format_report(report: dict) -> str:
         f = report["formula"]
         lines.append(f"{f['label']}: {f['expression']} (size {f['size']}, NMSE {f['nmse']:.3g} against the "
                      "learned function; python -m metarl.distill)")
-    roles = {side["role"]: side["label"] for side in report["sides"]}
     lines += ["", *_table(report, roles), "", *_aggregate_lines(report, roles), _compute_line(report)]
     if report.get("payoff"):
-        from metarl.payoff import lines as payoff_lines
-
-        lines += payoff_lines(report["payoff"])
+        lines += payoff.lines(report["payoff"])
     if "learned_values" in report:
         lines.append("hyperparameters (learned | baseline): " + ", ".join(
             f"{k} {v:.4g} | {report['baseline_values'][k]:.4g}" for k, v in report["learned_values"].items()))
@@ -69,8 +64,10 @@ def _short(label: str) -> str:
     return label.split(":")[0]
 
 
-def _per_task_labels(report: dict) -> list[str]:
-    return [side["label"] for side in report["sides"] if side["role"] == "per_task"]
+def _in_order(report: dict) -> list[str]:
+    """The sides' labels in the order the table and the closing line show them."""
+    order = ("learned", "formula", "baseline", "per_task", "configured")
+    return [side["label"] for side in sorted(report["sides"], key=lambda side: order.index(side["role"]))]
 
 
 def _compute_line(report: dict) -> str:
@@ -82,24 +79,20 @@ def _compute_line(report: dict) -> str:
     if c.get("baseline", {}).get("tuning"):
         parts.append(f"tuned once {c['baseline']['tuning']:,} on the trained-on tasks")
     if "per_task" in report:
-        p = report["per_task"]
-        parts.append(f"tuned per task k on each evaluated task ({p['tunings']} tunings per task here, "
-                     f"{p['seeds_per_setting']} seeds per setting)")
+        parts.append(f"tuned per task k on each evaluated task ({report['per_task']['tunings']} tunings per task here, "
+                     f"{report['per_task']['seeds_per_setting']} seeds per setting)")
     parts += ["as configured 0"] if "configured" in c else []
     return "tuning compute in trainings: " + "; ".join(parts)
 
 
 def _table(report: dict, roles: dict) -> list[str]:
     """A row per task: each side's final return, the challengers' normalised scores, Welch's p of each test."""
-    learned, per_task = [roles[r] for r in ("learned",) if r in roles], _per_task_labels(report)
-    shown = [*learned, *[roles[r] for r in ("formula", "baseline") if r in roles], *per_task,
-             *([roles["configured"]] if "configured" in roles else [])]
-    scored = learned + ([roles["formula"]] if "formula" in roles else []) + per_task
-    tests = [("test", "p vs tuned" if "configured" in roles else "p (Welch)")] * bool(learned)
-    tests += [("test_configured", "p vs config")] if "configured" in roles and learned else []
-    tests += [("test_formula", "p formula")] if "formula" in roles else []
-    tests += [("test_per_task", f"p {per_task[-1].split()[-1]}")] if per_task else []
-    tests += [(TUNING[0], "p vs config")] if TUNING in comparisons(roles) else []
+    shown = _in_order(report)
+    scored = [s for s in shown if s not in (roles["baseline"], roles.get("configured"))]
+    per_task = [side["label"] for side in report["sides"] if side["role"] == "per_task"]
+    names = {"test": "p vs tuned" if "configured" in roles else "p (Welch)", "test_configured": "p vs config",
+             "test_formula": "p formula", TUNING[0]: "p vs config"}
+    tests = [(test, names.get(test) or f"p {roles['per_task'].split()[-1]}") for test, *_ in comparisons(roles)]
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
     cols = {s: max(28, len(_short(s)) + 11) for s in shown}   # a header such as "tuned per task at k=64 [95% CI]"
     lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<{cols[s]}}" for s in shown)
@@ -116,25 +109,19 @@ def _table(report: dict, roles: dict) -> list[str]:
 
 def _aggregate_lines(report: dict, roles: dict) -> list[str]:
     """Per split, the IQM of each side's normalised scores and the probabilities of improvement."""
-    named = {"learned": "learned", "formula": roles.get("formula"), "baseline": _short(roles["baseline"]),
-             "configured": _short(roles.get("configured", "")), "per_task": roles.get("per_task")}
+    named = {role: "learned" if role == "learned" else _short(label) for role, label in roles.items()}
     lines = []
     for name, agg in report["aggregate"].items():
-        iqms = [f"{_short(roles['learned'])} {agg['iqm_learned']:.3f} {bracket(agg['iqm_learned_ci95'])}",
-                f"{named['baseline']} {agg['iqm_baseline']:.3f} {bracket(agg['iqm_baseline_ci95'])}"
-                ] if "learned" in roles else []
-        better = []
+        iqms, better = [], []
         for _, key, a, b in comparisons(roles):
             v = agg if key is None else agg[key]
-            # the sides this comparison adds: the configured baseline, the formula, or (TUNING) both baselines
-            added = [] if key is None else [(b, "baseline")] if a == "learned" else [(a, "learned")] + [
-                (b, "baseline")] * (key == TUNING[1])
-            iqms += [f"{named[side]} {v[f'iqm_{which}']:.3f} {bracket(v[f'iqm_{which}_ci95'])}"
+            # the sides whose IQMs this comparison adds: both (the first, or TUNING's two baselines), else the new one
+            added = ([(a, "learned"), (b, "baseline")] if key in (None, TUNING[1])
+                     else [(b, "baseline")] if a == "learned" else [(a, "learned")])
+            iqms += [f"{_short(roles[side])} {v[f'iqm_{which}']:.3f} {bracket(v[f'iqm_{which}_ci95'])}"
                      for side, which in added]
             better.append(f"P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
                           f"{bracket(v['probability_of_improvement_ci95'])}")
         lines += [f"{name} ({agg['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
                   "    " + "; ".join(better)]
-    order = [roles[r] for r in ("learned", "formula", "baseline") if r in roles] + _per_task_labels(report) + (
-        [roles["configured"]] if "configured" in roles else [])
-    return lines + ["(sides: " + "; ".join(order) + "; stratified bootstrap CIs as rliable computes them)"]
+    return lines + ["(sides: " + "; ".join(_in_order(report)) + "; stratified bootstrap CIs as rliable computes them)"]

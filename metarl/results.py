@@ -1,9 +1,5 @@
-"""Read what a run left behind: its config, history and best meta-parameters, for use outside the CLI.
-
-    from metarl.results import load_best
-    best = load_best("checkpoints/value_loss-20261122-101500")
-    params, metrics = best.train(jax.random.key(0))     # a fresh PPO run with the learned loss
-"""
+"""Read what a run left behind, for use outside the CLI: its config, history and best meta-parameters
+(``load_best(RUN_DIR).train(key)``: a fresh training with them; docs/resume.md)."""
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +20,7 @@ def load_config(run_dir: str | Path, tuned: bool = True) -> RunConfig:
 
 
 def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = None):
-    """``(config, task)`` from a run directory's saved config (as inspect, evaluate and ``load_best`` read it);
-    ``tasks(config)``, if given, are task specs to build instead of the run's own (e.g. its ``eval_tasks``)."""
+    """``(config, task)`` from a run's saved config; ``tasks(config)``, if given: task specs instead of its own."""
     cfg = load_config(run_dir)
     return cfg, build_task(cfg, None if tasks is None else tasks(cfg))
 

@@ -1,11 +1,6 @@
-"""Aggregate statistics over tasks with stratified bootstrap confidence intervals, in numpy and scipy.
-
-rliable's estimators and bootstrap (Agarwal et al., 2021, "Deep RL at the edge of the statistical precipice"),
-computed the same way: scores have shape (runs, tasks); a replicate draws runs with replacement within each task
-(tasks fixed), each array of a pair on its own; a 95% interval is the replicates' 2.5th and 97.5th percentile
-(rliable's default ``percentile`` method). With a ``numpy.random.RandomState`` seeded like numpy's global
-generator, ``interval`` draws the same indices in the same order as ``rliable.library.get_interval_estimates``
-and returns the same numbers (tests/test_stats.py)."""
+"""Aggregate statistics over tasks (scores: runs x tasks) with stratified bootstrap confidence intervals, in numpy
+and scipy, as rliable computes them (Agarwal et al., 2021): given a ``RandomState`` seeded as numpy's global
+generator, ``interval`` returns ``rliable.library.get_interval_estimates``'s numbers (tests/test_stats.py)."""
 from __future__ import annotations
 
 import warnings
@@ -66,10 +61,8 @@ def best_finite(values: np.ndarray) -> int:
 
 def interval(statistic: Callable[..., float], scores: tuple[np.ndarray, ...], reps: int,
              rng: np.random.RandomState, size: float = 0.95) -> tuple[float, list[float]]:
-    """``(statistic(*scores), [lower, upper])``: stratified bootstrap interval of coverage ``size``, ``reps`` draws
-    (those where the statistic is undefined, NaN, left out)."""
-    columns = [np.arange(s.shape[1])[None, :] for s in scores]
-    results = [statistic(*[s[rng.choice(s.shape[0], s.shape, replace=True), c] for s, c in zip(scores, columns)])
+    """``(statistic(*scores), [lower, upper])``: a stratified bootstrap interval, ``reps`` draws (NaN ones left out)."""
+    results = [statistic(*[s[rng.choice(s.shape[0], s.shape, replace=True), np.arange(s.shape[1])] for s in scores])
                for _ in range(reps)]
     alpha = (1.0 - size) / 2
     lower, upper = np.nanpercentile(results, [100 * alpha, 100 * (1.0 - alpha)])
