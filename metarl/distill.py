@@ -42,7 +42,6 @@ LATEX_NAMES = {"error": r"\delta", "old_error": r"\delta_{old}", "target": r"\ma
 CENTRES = {"ratio": 1}
 
 
-# --- what is distilled ---------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Problem:
     """The learned function of one run, seen as a function of named inputs."""
@@ -68,8 +67,7 @@ def problem_for(task) -> Problem:
 
 
 def function_at(kind, comp, meta, points: dict, config, learned_part: bool = False):
-    """What a formula stands for, at ``points`` ({input: array}): a value loss's loss, else the drift
-    r A - objective, or with ``learned_part`` LPO's learned part where the drift has one (what is fitted)."""
+    """At ``points``: a value loss, else the drift r A - objective (``learned_part``: LPO's learned part, if any)."""
     progress = Progress(points["progress"], points["log_updates"]) if getattr(comp, "temporal", False) else None
     if kind is kinds.VALUE_LOSS:  # the value and the old one from their errors
         t = points["target"]
@@ -80,7 +78,6 @@ def function_at(kind, comp, meta, points: dict, config, learned_part: bool = Fal
     return r * a - apply_component(comp, progress, meta, r, a, config)
 
 
-# --- the range training visits ---------------------------------------------------------------------------
 class _Recording:
     """The learned component unchanged, keeping the arrays it is applied to (and the progress) in ``rows``."""
 
@@ -119,8 +116,7 @@ def visited_inputs(task, meta, seed: int) -> dict:
 
 
 def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> tuple[dict, dict]:
-    """``(points, ranges)``: ``samples`` points, half visited rows inside the quantile box, half uniform in it. An
-    input seen at one value is held there (moved to ``problem.fixed``); inputs not fitted sit at 0."""
+    """``(points, ranges)`` as docs/distill.md describes them; an input seen at one value moves to ``problem.fixed``."""
     rng = np.random.default_rng(seed)
     ranges = {}
     for name in problem.variables:
@@ -137,7 +133,6 @@ def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> t
             if name in ranges else np.full(samples, problem.fixed.get(name, 0.0)) for name in problem.inputs}, ranges
 
 
-# --- the formulas --------------------------------------------------------------------------------------
 def search(X: np.ndarray, y: np.ndarray, max_size: int, evaluations: int, seed: int) -> list[str]:
     """Formulas from pyoperon's NSGA-II front of fit (R^2) against length, as text over x0, x1, ..."""
     try:
@@ -153,9 +148,8 @@ def search(X: np.ndarray, y: np.ndarray, max_size: int, evaluations: int, seed: 
 
 
 def readable(text: str, variables: tuple, scale: float):
-    """A searched formula (over x0, x1, ... = inputs less ``CENTRES``) in sympy: numbers to 4 digits, additive ones
-    below 1e-3 of ``scale`` dropped, the smallest of its forms as parsed, expanded, factored and (without functions
-    such as tanh) simplified. Centres go back after rounding, so ``c (ratio - 1)`` keeps both numbers equal."""
+    """A searched formula (over x0, x1, ... = inputs less ``CENTRES``) in sympy, numbers to 4 digits and additive
+    ones below 1e-3 of ``scale`` dropped: the smallest of its forms as parsed, expanded, factored or simplified."""
     import sympy
 
     def rounded(form):
@@ -196,8 +190,7 @@ def score(problem: Problem, expression: str, points: dict, y: np.ndarray) -> dic
 
 
 def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_000, samples: int = 2000):
-    """``(report, problem, visited)``; the report's front: size, nmse, expression, latex and component config per
-    formula. A learned function not finite where training visits raises ValueError."""
+    """``(report, problem, visited)``; a learned function not finite where training visits raises ValueError."""
     import sympy
 
     t = time.perf_counter()
@@ -246,13 +239,11 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
             evaluations: int = 200_000, samples: int = 2000) -> dict:
     """Fits the exported best (or the best up to kept checkpoint ``generation``); returns and writes the report.
     Bad input: ``ConfigError`` (a ``ValueError``) naming the argument; an unreadable run: it or ``CheckpointError``."""
-    from metarl import plots  # matplotlib and the run's modules: seconds that --help does without
-    from metarl.search import build_evolution
+    from metarl.search import build_evolution  # the run's modules: seconds that --help does without
 
     if generation != "best" and (isinstance(generation, str) or generation < 0):
         raise ConfigError(f"generation: {generation!r}; allowed: best, or a checkpointed generation number")
-    for name, value, least in (("max_size", max_size, 3), ("evaluations", evaluations, 1000),
-                               ("samples", samples, 10)):
+    for name, value, least in (("max_size", max_size, 3), ("evaluations", evaluations, 1000), ("samples", samples, 10)):
         if value < least:
             raise ConfigError(f"{name}: {value}; allowed: >= {least}")
     check_run_to_read(run_dir)
@@ -280,17 +271,15 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
         raise ConfigError(f"{run_dir}: {err}") from err
     report = {"run_dir": str(run_dir), "generation": info.get("generation"), "fitness": info.get("fitness"),
               "from": str(generation), **report}
-    report["figure"] = str(plots.save(distill_figure(task, meta, problem, report, visited), run.figures / FIGURE))
+    report["figure"] = str(distill_figure(task, meta, problem, report, visited, run.figures / FIGURE))
     report["json"] = str(run.distill.write(report))
     report["seconds"] = round(time.perf_counter() - t, 2)
     return report
 
 
-# --- the figure ----------------------------------------------------------------------------------------
-def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
-    """Value loss: the loss (0 at error 0) and its gradient over the error; policy objective: the drift over the
-    ratio at a typical positive and negative advantage. A temporal component at 0%, 50% and 100% of training."""
-    from metarl import plots
+def distill_figure(task, meta, problem: Problem, report: dict, visited: dict, path: Path) -> Path:
+    """``figures/distill.png`` as docs/distill.md describes it, written to ``path``."""
+    from metarl import plots  # matplotlib: seconds that --help does without
 
     config, value_loss, front = task.inner_config, task.kind is kinds.VALUE_LOSS, report["front"]
     x_name = "error" if value_loss else "ratio"
@@ -337,10 +326,9 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict):
             f"{problem.fitted} over {', '.join(problem.variables)}"
             + (f"; drawn with {', '.join(held)} at the visited median" if held else "")
             + "".join(f"; {n} = {v:.3g}" for n, v in problem.fixed.items()))
-    return plots.formula_figure(x, rows, xlabel, note)
+    return plots.save(plots.formula_figure(x, rows, xlabel, note), path)
 
 
-# --- the CLI -------------------------------------------------------------------------------------------
 def format_report(report: dict) -> str:
     r, search = report, report["search"]
     spec = r["front"][r["suggested"]]["component"]  # the suggested formula's, in code

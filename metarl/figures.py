@@ -15,6 +15,8 @@ from metarl.inner_loops.components import CLIPPED_SURROGATE, TEMPORAL_INPUTS, Pr
 from metarl.inner_loops.trainer import num_updates
 from metarl.outer_loops.evolution import NOISE_THRESHOLD
 
+PROGRESS_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
 
 def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     history = results.history(run_dir)
@@ -34,10 +36,6 @@ def fitness_plot(run_dir: Path, cfg, out: Path) -> list[Path]:
     return paths
 
 
-def _fixed_at_zero(inputs) -> str:
-    return f"; {', '.join(inputs)} fixed at 0" if inputs else ""
-
-
 def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     """The loss and its gradient over the error (through training if temporal); a heatmap per other input."""
     comp, progress_of = task.component, _progress_at(task)
@@ -46,6 +44,7 @@ def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_rang
              f"(fitness {info.get('fitness', float('nan')):.4g})")
     # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
     extra = [i for i in getattr(comp, "inputs", ("error",)) if i not in ("error", *TEMPORAL_INPUTS)]
+    fixed_at_zero = lambda inputs: f"; {', '.join(inputs)} fixed at 0" if inputs else ""
 
     def curves(fraction, errors, **others):
         """The loss and its gradient w.r.t. the prediction (the target and old prediction are data)."""
@@ -56,7 +55,7 @@ def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_rang
         return np.asarray(jax.vmap(loss)(errors, **others)), np.asarray(jax.vmap(jax.grad(loss))(errors, **others))
 
     errors = np.linspace(-error_range, error_range, 401, dtype=np.float32)
-    note = fixed + _fixed_at_zero(extra) + ("; at the start of training" if temporal else "")
+    note = fixed + fixed_at_zero(extra) + ("; at the start of training" if temporal else "")
     paths = [plots.save(plots.value_loss_figure(errors, *curves(0.0, errors), note), out / "value_loss.png")]
     if temporal:
         fig = plots.value_loss_progress_figure(errors, {f: curves(f, errors) for f in PROGRESS_POINTS},
@@ -70,7 +69,7 @@ def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_rang
         e, o = (x.ravel() for x in np.meshgrid(errors, other))
         z, g = (c.reshape(len(other), len(errors)) for c in curves(0.0, e, **{name: o}))
         fig = plots.value_loss_heatmap_figure(errors, other, z, g, name,
-                                              fixed + _fixed_at_zero([i for i in extra if i != name]))
+                                              fixed + fixed_at_zero([i for i in extra if i != name]))
         paths.append(plots.save(fig, out / f"value_loss_{name}.png"))
     return paths
 
@@ -94,16 +93,10 @@ def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, erro
     return paths
 
 
-PROGRESS_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-
 def _progress_at(task):
     """``fraction -> Progress`` on the first task's horizon (its number of updates), with a note."""
     updates = num_updates(task.inner_config)
-
-    def progress_of(fraction):
-        return Progress(jnp.float32(fraction), jnp.float32(np.log(updates)))
-
+    progress_of = lambda fraction: Progress(jnp.float32(fraction), jnp.float32(np.log(updates)))
     progress_of.note = f"; horizon {updates} updates ({task.specs[0].name})"
     return progress_of
 
@@ -152,10 +145,9 @@ def schedule_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range:
     inner, progress_of = task.inner_config, _progress_at(task)
     t = np.linspace(0.0, 1.0, 101)
     scales = jax.vmap(lambda f: task.component.apply(meta, progress_of(f)))(jnp.asarray(t, jnp.float32))
+    anneal = (1.0 - t) if getattr(inner, "anneal_lr", False) else 1.0
     curves = {}
     for field, scale in scales.items():
-        own = np.full_like(t, float(getattr(inner, field)))
-        if field == "lr" and getattr(inner, "anneal_lr", False):
-            own = own * (1.0 - t)
+        own = np.full_like(t, float(getattr(inner, field))) * (anneal if field == "lr" else 1.0)
         curves[field] = (own * np.asarray(scale), own)
     return [plots.save(plots.schedule_figure(t, curves, task.kind.baseline(inner)), out / "schedule.png")]

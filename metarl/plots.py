@@ -1,8 +1,5 @@
-"""Figures of a run: fitness, the learned component, searched hyperparameters, evaluation learning curves.
-
-Each function takes plain arrays and callables (``metarl.figures`` reads the run) and returns a ``Figure`` on the
-Agg canvas, never through pyplot: no global state, no display needed. ``save(fig, path)`` writes it.
-"""
+"""A run's figures from plain arrays (``metarl.figures`` reads the run): each a ``Figure`` on the Agg canvas, never
+through pyplot (no global state, no display needed); ``save(fig, path)`` writes it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,7 +31,6 @@ def new_figure(width: float, height: float, note: str = "", fontsize: float = 9)
 
 
 def save(fig: Figure, path: str | Path) -> Path:
-    """``fig`` written to ``path``, its folder made where missing; the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
@@ -42,14 +38,12 @@ def save(fig: Figure, path: str | Path) -> Path:
 
 
 def _grid(n: int, max_cols: int, width: float, height: float, note: str = "", pad: float = 0.0):
-    """(figure, panels): ``n`` of ``width`` x ``height`` inches, ``max_cols`` at most a row, ``pad`` for ``note``."""
     cols = min(max_cols, n)
     rows = -(-n // cols)
     fig = new_figure(width * cols, height * rows + pad, note)
     return fig, [fig.add_subplot(rows, cols, i + 1) for i in range(n)]
 
 
-# --- fitness -------------------------------------------------------------------------------------
 def _generations(history: Sequence[dict]):
     """The records' generations and ``column(key) -> values`` (NaN where a record lacks ``key`` or holds null)."""
     column = lambda k: np.array([r.get(k) for r in history], dtype=float)
@@ -65,9 +59,7 @@ def _generation_axis(ax, gens: np.ndarray) -> None:
 
 
 def fitness_figure(history: Sequence[dict], title: str = "", paired: bool = False) -> Figure:
-    """Best, mean and median member per generation over the population's q10-q90 and q25-q75 bands, and the
-    best so far. With ``fitness.control``, the baseline on the generation's seeds; ``paired`` (fitness = member
-    minus control): the baseline is the line at 0."""
+    """The population's fitness per generation, and the baseline (``fitness.control``; ``paired``: the line at 0)."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
     gens, col = _generations(history)
@@ -98,9 +90,8 @@ def signal_figure(history: Sequence[dict], threshold: float, title: str = "") ->
     gens, col = _generations(history)
     top.plot(gens, col("signal_between"), color=LEARNED, lw=2, marker=".", label="signal_between (V_b)")
     top.plot(gens, col("seed_noise"), color="tab:red", lw=1.5, marker=".", label="seed_noise (V_w / num_seeds)")
-    if np.nanmax(np.r_[col("signal_between"), col("seed_noise"), 0.0]) > 0:
-        top.set_yscale("log")
-    top.set_ylabel("variance of the\nmembers' mean fitness")
+    top.set(ylabel="variance of the\nmembers' mean fitness",
+            yscale="log" if np.nanmax(np.r_[col("signal_between"), col("seed_noise"), 0.0]) > 0 else "linear")
     top.grid(alpha=0.3)
     top.legend(fontsize=8, loc="upper left")
     if any("best_vs_control" in r for r in history):
@@ -113,8 +104,7 @@ def signal_figure(history: Sequence[dict], threshold: float, title: str = "") ->
     bottom.plot(gens, col("signal"), color=LEARNED, lw=2, marker=".", label="signal")
     bottom.plot(gens, col("update_signal"), color="tab:green", lw=1, marker=".", label="update_signal")
     bottom.axhline(threshold, color="tab:red", lw=1, ls="--", label=f"noise-dominated below {threshold}")
-    bottom.set_ylim(-0.05, 1.05)
-    bottom.set_ylabel("fraction that is signal")
+    bottom.set(ylim=(-0.05, 1.05), ylabel="fraction that is signal")
     _generation_axis(bottom, gens)
     bottom.legend(fontsize=8, loc="best")
     top.set_title(title or "signal and seed noise per generation", fontsize=10)
@@ -122,8 +112,7 @@ def signal_figure(history: Sequence[dict], threshold: float, title: str = "") ->
 
 
 def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure:
-    """One panel per task: the population's mean raw return per generation and the generation's best
-    member's return on that task, with its normalised score (baseline = 1) on the right axis."""
+    """One panel per task: raw returns per generation, the normalised score (baseline = 1) on the right axis."""
     fig, axes = _grid(len(names), 3, 4, 3)
     gens, _ = _generations(history)
     for name, ax in zip(names, axes):
@@ -140,16 +129,16 @@ def task_fitness_figure(history: Sequence[dict], names: Sequence[str]) -> Figure
     return fig
 
 
-# --- learned value loss ---------------------------------------------------------------------------
-def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray):
-    """The learned curve on its own right axis when its scale differs from L2's by over 5x: the
-    learned loss has an arbitrary scale, and its shape is what is compared."""
+def _twin_if_needed(ax, learned: np.ndarray, baseline: np.ndarray, ylabel: str, **font):
+    """The axes to draw the learned curve on: its own right one (labelled ``ylabel``) when its scale differs
+    from L2's by over 5x, as the learned loss has an arbitrary scale and its shape is what is compared."""
     a, b = np.nanmax(np.abs(learned)), np.nanmax(np.abs(baseline))
     if a > 0 and b > 0 and 0.2 <= a / b <= 5:
-        return ax, False
+        return ax
     twin = ax.twinx()
     twin.tick_params(axis="y", colors=LEARNED)
-    return twin, True
+    twin.set_ylabel(ylabel, color=LEARNED, **font)
+    return twin
 
 
 def _error_panel(ax, ylabel: str, title: str) -> None:
@@ -160,8 +149,7 @@ def _error_panel(ax, ylabel: str, title: str) -> None:
 
 
 def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fixed: str = "") -> Figure:
-    """Left: the learned loss shifted to 0 at zero error (raw values in the legend) beside L2 = 0.5 e^2.
-    Right: its gradient with respect to the prediction beside L2's, e. ``errors`` = prediction - target."""
+    """The learned loss shifted to 0 at zero error beside L2, and its gradient beside L2's."""
     fig = new_figure(11, 4.2, fixed)
     zero = int(np.argmin(np.abs(errors)))
     panels = (("loss", loss - loss[zero], "learned - learned(0)", 0.5 * errors**2, "L2: 0.5 e²",
@@ -170,17 +158,15 @@ def value_loss_figure(errors: np.ndarray, loss: np.ndarray, grad: np.ndarray, fi
     for ax, (name, learned, label, base, base_label, title) in zip(fig.subplots(1, 2), panels):
         lines = ax.plot(errors, base, color=BASELINE, lw=2, label=base_label)
         _error_panel(ax, name, title)
-        target, twinned = _twin_if_needed(ax, learned, base)
-        lines += target.plot(errors, learned, color=LEARNED, lw=2, label=label + (" (right axis)" if twinned else ""))
-        if twinned:
-            target.set_ylabel(f"learned {name}", color=LEARNED)
+        target = _twin_if_needed(ax, learned, base, f"learned {name}")
+        lines += target.plot(errors, learned, color=LEARNED, lw=2,
+                             label=label + (" (right axis)" if target is not ax else ""))
         ax.legend(handles=lines, fontsize=8, loc="upper center")
     return fig
 
 
 def value_loss_progress_figure(errors: np.ndarray, curves: dict, fixed: str = "") -> Figure:
-    """A temporal value loss at several points of training (``curves``: fraction of training done ->
-    (loss, gradient)): left the loss shifted to 0 at zero error, right its gradient; L2 dashed."""
+    """The shifted loss and its gradient through training (``curves``: fraction of training done -> (loss, grad))."""
     fig = new_figure(11, 4.2, fixed)
     zero = int(np.argmin(np.abs(errors)))
     left, right = fig.subplots(1, 2)
@@ -199,19 +185,14 @@ def value_loss_progress_figure(errors: np.ndarray, curves: dict, fixed: str = ""
 
 def value_loss_heatmap_figure(errors: np.ndarray, other: np.ndarray, loss: np.ndarray, grad: np.ndarray,
                               other_name: str, fixed: str = "") -> Figure:
-    """Learned loss (shifted to 0 at the grid's zero error per row) and its gradient over error x another
-    input; ``loss`` and ``grad`` have shape (len(other), len(errors))."""
+    """The loss and its gradient over error x another input; ``loss``, ``grad``: (len(other), len(errors))."""
     fig = new_figure(11, 4.2, fixed)
     zero = int(np.argmin(np.abs(errors)))
     for ax, (z, name) in zip(fig.subplots(1, 2), ((loss - loss[:, zero:zero + 1], "learned loss - loss at e=0"),
                                                   (grad, "d loss / d prediction"))):
-        _heatmap(ax, errors, other, z, cmap="RdBu_r", norm=_centred(z))
+        fig.colorbar(ax.pcolormesh(errors, other, z, shading="auto", cmap="RdBu_r", norm=_centred(z)), ax=ax)
         ax.set(xlabel=ERROR, ylabel=other_name, title=name)
     return fig
-
-
-def _heatmap(ax, x, y, z, **style) -> None:
-    ax.figure.colorbar(ax.pcolormesh(x, y, z, shading="auto", **style), ax=ax)
 
 
 def _centred(z):
@@ -220,11 +201,9 @@ def _centred(z):
     return TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
 
 
-# --- learned policy objective ---------------------------------------------------------------------
 def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: np.ndarray,
                             ppo_drift: np.ndarray, clip_eps: float, note: str = "") -> Figure:
-    """2x2 heatmaps over ratio r (x) and advantage A (y), learned | PPO: top the drift (PPO's relu((r - clip(r)) A)),
-    bottom the objective r A - drift; a colour scale per row, dashed lines at PPO's clip range."""
+    """Heatmaps over ratio r and advantage A, learned | PPO: the drift, then the objective r A - drift."""
     fig = new_figure(10, 8, note)
     r, a = np.meshgrid(ratios, advantages)
     rows = (("drift", drift, ppo_drift, "magma", None),
@@ -233,7 +212,7 @@ def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: n
         both = np.stack([learned, ppo])
         kw = {"norm": _centred(both)} if norm else {"vmin": 0.0, "vmax": max(float(np.nanmax(both)), 1e-6)}
         for ax, z, who in zip(axes, (learned, ppo), ("learned", f"PPO (clip_eps={clip_eps:g})")):
-            _heatmap(ax, ratios, advantages, z, cmap=cmap, **kw)
+            fig.colorbar(ax.pcolormesh(ratios, advantages, z, shading="auto", cmap=cmap, **kw), ax=ax)
             if np.nanmax(z) > np.nanmin(z):
                 ax.contour(ratios, advantages, z, levels=8, colors="k", linewidths=0.4, alpha=0.6)
             for x in (1 - clip_eps, 1 + clip_eps):
@@ -243,7 +222,6 @@ def policy_objective_figure(ratios: np.ndarray, advantages: np.ndarray, drift: n
     return fig
 
 
-# --- distilled formulas -------------------------------------------------------------------------------
 def math_label(latex: str) -> str:
     """``$latex$`` when matplotlib's mathtext reads it and it is short enough for a legend line, else ""."""
     if len(latex) > 110:
@@ -256,9 +234,8 @@ def math_label(latex: str) -> str:
 
 
 def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, note: str = "") -> Figure:
-    """Line panels over ``x``: ``rows`` of ``{title, ylabel, curves: [(label, y, style)]}``, style ``learned``
-    (solid), ``formula`` (dashed, a colour each) or ``baseline``; one legend below. Where the baseline's scale
-    differs from the learned curve's by over 5x, the learned curve and the formulas get a right axis."""
+    """Line panels over ``x``: ``rows`` of ``{title, ylabel, curves: [(label, y, style)]}``, style ``learned``,
+    ``formula`` or ``baseline``; one legend below. Learned curve and formulas may get a right axis (_twin_if_needed)."""
     ncols = max(len(r) for r in rows)
     fig = new_figure(5.5 * ncols, 3.6 * len(rows) + 1.2, note, fontsize=8)
     handles = {}
@@ -269,15 +246,14 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
                         for style in ("learned", "formula", "baseline")}
             for label, y in by_style["baseline"]:
                 handles[label] = ax.plot(x, y, color=BASELINE, lw=1.5)[0]
-            target, twinned = ax, False
+            target = ax
             if by_style["baseline"] and by_style["learned"]:
-                target, twinned = _twin_if_needed(ax, by_style["learned"][0][1], by_style["baseline"][0][1])
+                target = _twin_if_needed(ax, by_style["learned"][0][1], by_style["baseline"][0][1],
+                                         "learned and formulas (right axis)", fontsize=8)
             for label, y in by_style["learned"]:
                 handles[label] = target.plot(x, y, color=LEARNED, lw=2.5)[0]
             for k, (label, y) in enumerate(by_style["formula"]):
                 handles[label] = target.plot(x, y, color=FORMULA_COLOURS[k % len(FORMULA_COLOURS)], lw=1.5, ls="--")[0]
-            if twinned:
-                target.set_ylabel("learned and formulas (right axis)", color=LEARNED, fontsize=8)
             ax.axhline(0, color="grey", lw=0.5)
             ax.set_title(panel["title"], fontsize=9)
             ax.set(xlabel=xlabel, ylabel=panel["ylabel"])
@@ -286,12 +262,10 @@ def formula_figure(x: np.ndarray, rows: Sequence[Sequence[dict]], xlabel: str, n
     return fig
 
 
-# --- hyperparameters and schedules ----------------------------------------------------------------
 def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional[dict], highs: Optional[dict],
                        bounds: dict, log: dict, best: Optional[dict] = None,
                        best_generation: Optional[float] = None, note: str = "") -> Figure:
-    """One panel per hyperparameter: the search mean (decoded) per generation, a band of mean -+ one
-    search std mapped through the bounded transform, the search bounds, and the exported best."""
+    """One panel per hyperparameter: the search mean, mean -+ std and bounds per generation, the exported best."""
     fig, axes = _grid(len(means), 4, 3.2, 2.8, note, pad=0.4)
     gens = np.asarray(generations, dtype=float)
     for name, ax in zip(means, axes):
@@ -303,9 +277,7 @@ def hyperparams_figure(generations: Sequence[float], means: dict, lows: Optional
         if best is not None:
             ax.plot([best_generation if best_generation is not None else gens[-1]], [best[name]], "*",
                     color="tab:green", ms=10, label="exported best")
-        if log[name]:
-            ax.set_yscale("log")
-        ax.set_title(name)
+        ax.set(title=name, yscale="log" if log[name] else "linear")
         _generation_axis(ax, gens)
     axes[0].legend(fontsize=7)
     return fig
@@ -322,7 +294,6 @@ def schedule_figure(progress: np.ndarray, curves: dict, baseline: str) -> Figure
     return fig
 
 
-# --- evaluation -----------------------------------------------------------------------------------
 def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") -> Figure:
     """Per side (``curves``: label -> (seeds, updates)), the mean return per update with its 95% t-interval."""
     fig = new_figure(7, 4)
@@ -342,10 +313,8 @@ def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") ->
 
 def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, baseline: str,
                        formula: Optional[str] = None, configured: Optional[str] = None) -> Figure:
-    """Left: each task's normalised score per side (mean, 95% CI over seeds), held-out tasks shaded; right: the
-    IQM per split with its stratified bootstrap CI. ``baseline``: the side scores are normalised by; ``formula``:
-    a distilled formula (aggregates in ``aggregates[split]["formula"]``); ``configured``: the untuned baseline
-    beside a tuned one (IQM in ``aggregates[split]["vs_configured"]["iqm_baseline"]``)."""
+    """Each task's normalised score per side (``baseline``: the one they are normalised by), and the IQM per split;
+    ``formula``, ``configured``: a distilled formula, the untuned baseline (IQM in those parts of a split)."""
     fig = new_figure(11, 4.2)
     ax, agg = fig.subplots(1, 2, width_ratios=[3, 1])
     x = np.arange(len(rows))
@@ -356,11 +325,14 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
     if formula:
         sides.append((formula, FORMULA_COLOURS[0], "formula", "iqm_learned"))
     sides = [(offset, *side) for offset, side in zip(np.linspace(-0.15, 0.15, len(sides)), sides)]
-    for offset, label, color, _, _ in sides:
+    for offset, label, color, part, key in sides:
         means = np.array([r["normalized"][label] for r in rows])
         lows, highs = np.array([r["normalized_ci95"][label] for r in rows]).T
-        ax.errorbar(x + offset, means, yerr=[means - lows, highs - means], fmt="o", color=color, capsize=3,
-                    label=label)
+        ax.errorbar(x + offset, means, yerr=[means - lows, highs - means], fmt="o", color=color, capsize=3, label=label)
+        for j, split in enumerate(aggregates.values()):
+            numbers = split[part] if part else split
+            value, (lo, hi) = numbers[key], numbers[f"{key}_ci95"]
+            agg.errorbar([j + offset], [value], yerr=[[value - lo], [hi - value]], fmt="s", color=color, capsize=3)
     for i, r in enumerate(rows):
         if r["split"] == "held-out":
             ax.axvspan(i - 0.5, i + 0.5, color="0.9", zorder=0)
@@ -372,11 +344,6 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
     ax.set_ylabel("normalised score (baseline = 1, random = 0)")
     ax.legend(fontsize=8)
     names = list(aggregates)
-    for j, split in enumerate(aggregates.values()):
-        for offset, _, color, part, key in sides:
-            numbers = split[part] if part else split
-            value, (lo, hi) = numbers[key], numbers[f"{key}_ci95"]
-            agg.errorbar([j + offset], [value], yerr=[[value - lo], [hi - value]], fmt="s", color=color, capsize=3)
     agg.set_xticks(np.arange(len(names)), [f"{n}\nP(improve) {aggregates[n]['probability_of_improvement']:.2f}"
                                            for n in names], fontsize=8)
     agg.set_xlim(-0.6, len(names) - 0.4)
@@ -386,9 +353,7 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
 
 def per_task_figure(rows: Sequence[dict], ks: Sequence[int], per_task: Sequence[str], baseline: str,
                     learned: Optional[str]) -> Figure:
-    """Per task: the final return of PPO tuned on it against its tuning trainings k (``per_task``: a side per k;
-    mean and 95% CI over the evaluation seeds, each tuning's own mean as a dot), with the single tuned
-    configuration (``baseline``) and the learned part as bands at no per-task cost."""
+    """Per task: the final return of PPO tuned on it against its tuning trainings k (``per_task``: a side per k)."""
     fig, axes = _grid(len(rows), 4, 4.2, 3.0, "final return against tuning trainings per task (95% CIs)")
     for ax, row in zip(axes, rows):
         for label, colour in ((baseline, BASELINE), (learned, LEARNED))[:1 + bool(learned)]:
