@@ -1,7 +1,5 @@
-"""Devices (docs/devices.md): one process per machine, which uses every core through as many CPU devices (or drives
-every local GPU); a mesh over the devices for the population axis; several hosts joined by ``jax.distributed``,
-started by the hosts' own launcher (SLURM, or ``METARL_*`` set by hand). The evolution state is one global, fully
-replicated array: each process runs the same ask/tell on it, and the population's members are split over the devices."""
+"""Devices (docs/devices.md): a CPU device per core (or every local GPU); a ``pop`` mesh splits the population over
+the devices of all processes (joined by ``jax.distributed``), each running the same ask/tell on a replicated state."""
 from __future__ import annotations
 
 import os
@@ -16,24 +14,17 @@ from orbax.checkpoint import multihost as ocp_multihost
 
 from metarl import compilation, rundir
 
-# JAX's own ways to set the CPU device count, which ``num_cpu_devices=auto`` leaves to the user.
-CPU_DEVICE_SETTINGS = ("JAX_NUM_CPU_DEVICES", "xla_force_host_platform_device_count")
-
-
-# XLA ends the process (SIGABRT) when a CPU device has waited for another at a cross-device collective for about a
-# minute (20 s to a warning, then this flag's 40 s): a CPU generation of many minutes on a machine with other work can
-# lag that much on one device. XLA reads the flag from XLA_FLAGS when its backend starts; jaxlib releases before 0.9
-# lack it, and an unknown flag would end the process too.
+# XLA ends the process (SIGABRT) when a CPU device has waited too long for another at a cross-device collective, as
+# one device of a long CPU generation on a busy machine can. XLA reads the flag from XLA_FLAGS when its backend
+# starts; jaxlib before 0.9 lacks it, and an unknown flag would end the process too.
 COLLECTIVE_TIMEOUT_FLAG = "xla_cpu_collective_call_terminate_timeout_seconds"
-COLLECTIVE_TIMEOUT_S = 24 * 3600
 
 
 def patient_cpu_collectives() -> None:
     """Set ``COLLECTIVE_TIMEOUT_FLAG`` to a day unless ``XLA_FLAGS`` sets it; effective only before JAX starts."""
     flags = os.environ.get("XLA_FLAGS", "")
-    if COLLECTIVE_TIMEOUT_FLAG in flags or tuple(int(x) for x in jaxlib.__version__.split(".")[:2]) < (0, 9):
-        return
-    os.environ["XLA_FLAGS"] = f"{flags} --{COLLECTIVE_TIMEOUT_FLAG}={COLLECTIVE_TIMEOUT_S}".strip()
+    if COLLECTIVE_TIMEOUT_FLAG not in flags and tuple(int(x) for x in jaxlib.__version__.split(".")[:2]) >= (0, 9):
+        os.environ["XLA_FLAGS"] = f"{flags} --{COLLECTIVE_TIMEOUT_FLAG}={24 * 3600}".strip()
 
 
 def usable_cores() -> int:
@@ -44,13 +35,12 @@ def usable_cores() -> int:
 
 
 def use_cpu_cores(num_cpu_devices: int | str = "auto") -> None:
-    """Give this process its CPU devices before JAX starts its backends: ``num_cpu_devices``, or with ``auto`` one
-    per usable core (unless ``JAX_NUM_CPU_DEVICES`` or XLA's forced device count says how many). With an accelerator
-    they are idle and cost nothing. Once JAX has started, its devices stay; another count is a ``ValueError``."""
+    """This process's CPU devices (idle with an accelerator), set before JAX starts: ``num_cpu_devices``, or with
+    ``auto`` one per usable core unless JAX's own settings say how many. Later, another count is a ValueError."""
     patient_cpu_collectives()
     auto = num_cpu_devices == "auto"
     if auto and any(setting in os.environ.get("XLA_FLAGS", "") or os.environ.get(setting, "").strip()
-                    for setting in CPU_DEVICE_SETTINGS):
+                    for setting in ("JAX_NUM_CPU_DEVICES", "xla_force_host_platform_device_count")):
         return
     count = usable_cores() if auto else int(num_cpu_devices)
     try:
@@ -63,9 +53,8 @@ def use_cpu_cores(num_cpu_devices: int | str = "auto") -> None:
 
 
 def population_mesh(popsize: int, fit: bool = False):
-    """A 1-D mesh named ``pop`` over every device (of every process), or None with a single device. The population
-    must divide over the devices: padding members would cost compute for nothing. ``fit`` (one process, its device
-    count not chosen by the user): the mesh takes the largest number of the devices the population divides over."""
+    """A 1-D mesh ``pop`` over every device of every process (None for one): padding members would cost compute for
+    nothing, so the population must divide over them, or with ``fit`` (one process) over the most it divides over."""
     n = jax.device_count()
     if fit and jax.process_count() == 1:
         n = max(d for d in range(1, n + 1) if popsize % d == 0)
@@ -90,15 +79,13 @@ def check_divides(popsize: int, n_devices: int) -> None:
 def over_agents(fn, mesh=None):
     """``jit(vmap(fn))``, its agents (the leading axis of every input and output) split over ``mesh``'s ``pop``
     axis by jit's shardings: shard_map and pmap of SpaceInvaders-MinAtar's training segfaulted XLA (jax 0.11.2)."""
-    split = {} if mesh is None else {"in_shardings": NamedSharding(mesh, P("pop")),
-                                     "out_shardings": NamedSharding(mesh, P("pop"))}
+    split = {} if mesh is None else dict.fromkeys(("in_shardings", "out_shardings"), NamedSharding(mesh, P("pop")))
     return jax.jit(jax.vmap(fn), **split)
 
 
 def replicate(tree: Any, mesh: Optional[Any]) -> Any:
-    """A host pytree on every device of ``mesh`` as global, fully replicated arrays, as a jitted call over a
-    multi-process mesh needs: each process builds its own shards from its (identical) host copy, so nothing crosses
-    processes. Without a mesh the tree is left to jit."""
+    """A host pytree as global arrays replicated over ``mesh`` (without one: left to jit), as a multi-process jitted
+    call needs: each process builds its shards from its own (identical) host copy, so nothing crosses processes."""
     if mesh is None:
         return tree
     sharding = NamedSharding(mesh, P())
@@ -128,15 +115,11 @@ def members_per_memory(popsize: int) -> int:
 
 
 def _env_int(*names: str) -> Optional[int]:
-    for name in names:
-        if os.environ.get(name, "").strip():
-            return int(os.environ[name])
-    return None
+    return next((int(os.environ[name]) for name in names if os.environ.get(name, "").strip()), None)
 
 
 def distributed_settings(devices_cfg) -> tuple[int, Optional[str], Optional[int]]:
-    """``(num_processes, coordinator_address, process_id)`` of a run over several hosts: from the config,
-    else ``METARL_*`` (set by hand on each host), else SLURM's; one process when none says more."""
+    """``(num_processes, coordinator_address, process_id)``: the config's, else METARL_* (set by hand), else SLURM's."""
     num = devices_cfg.num_processes if devices_cfg.num_processes != "auto" else None
     num = num or _env_int("METARL_NUM_PROCESSES", "SLURM_NTASKS") or 1
     coordinator = devices_cfg.coordinator_address or os.environ.get("METARL_COORDINATOR") or None
@@ -166,7 +149,7 @@ def setup(devices_cfg) -> None:
 
 
 # Processes wait for each other at the coordination service's barrier (Orbax's public handle on it, with a
-# time limit we set), not at a collective: gloo gives up after 30 s, shorter than a compilation on a busy core.
+# time limit we set), not at a collective: gloo gives up sooner than a compilation on a busy core may take.
 def barrier(name: str, timeout_s: float = 3600.0) -> None:
     """Wait until every process gets here (e.g. all have compiled) before the first collective."""
     if jax.process_count() > 1:

@@ -1,8 +1,4 @@
-"""What a run meta-learns (``component.kind``): one registry entry per kind (docs/extending.md).
-
-A kind names its seam (a ``make_train`` keyword listed in the trainer's ``SEAMS``), its default component, the
-hand-designed side it is compared with, its figures and its formula component (for ``metarl.distill``).
-``hyperparams`` has no seam: it searches the trainer's float hyperparameters in a bounded space."""
+"""What a run meta-learns (``component.kind``): one registry entry per kind (docs/extending.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,11 +19,10 @@ class Kind:
     """A kind whose learned part is a component (``init(key)``, ``apply(meta_params, ...)``) handed to
     ``make_train(config, **{seam: component})`` and its meta-parameters to ``train(key, {seam: meta})``."""
     name: str
-    seam: Optional[str]
+    seam: Optional[str]                         # a make_train keyword the trainer's SEAMS lists; None: hyperparams
     component: Optional[str] = None             # component._target_ where the config names none
     baseline: Callable[[Any], str] = lambda inner: "the trainer's default"  # label from the trainer config
-    # (run_dir, cfg, task, meta, info, out, error_range) -> paths: a function or its dotted path
-    plot: Optional[Callable | str] = None
+    plot: Optional[Callable | str] = None       # (run_dir, cfg, task, meta, info, out, error_range) -> paths
     formula: Optional[str] = None               # the formula component metarl.distill fits, if any
 
     def __str__(self) -> str:

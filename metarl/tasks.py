@@ -1,8 +1,4 @@
-"""From a run config to what the outer loop needs: a parameter template and a pure fitness function.
-
-``component.kind`` names what is meta-learned (``metarl.kinds``), ``component._target_`` the component class
-(``init(key)``, ``apply(meta_params, ...)``; other keys: its constructor arguments), ``inner._target_`` the
-trainer's config class, whose module provides ``make_train`` (read via ``metarl.inner_loops.trainer``)."""
+"""From a run config to what the outer loop needs: a parameter template and a pure fitness function."""
 from __future__ import annotations
 
 import dataclasses
@@ -21,27 +17,20 @@ from metarl.inner_loops import envs as envs_lib, plugins, trainer as trainer_pro
 from metarl.outer_loops.fitness import statistic_fn, task_key
 
 # inner.algo -> config class (its module has make_train); imported on use, so only its runs pay the import.
-TRAINERS = {
-    "ppo": "metarl.inner_loops.ppo.PPOConfig",
-    "dqn": "metarl.inner_loops.dqn.DQNConfig",
-    "q_learning": "metarl.inner_loops.q_learning.QLearningConfig",
-}
+TRAINERS = {"ppo": "metarl.inner_loops.ppo.PPOConfig", "dqn": "metarl.inner_loops.dqn.DQNConfig",
+            "q_learning": "metarl.inner_loops.q_learning.QLearningConfig"}
 
 
-def inner_config(cfg: RunConfig, spec: "TaskSpec | None" = None):
+def inner_config(cfg: RunConfig, spec: TaskSpec):
     """``(name, module, config)`` for one task: ``cfg.inner`` under the task's ``inner``, validated (errors name
     ``inner.X`` or ``tasks[i].inner.X``). ``inner._target_`` (your config class) wins over ``inner.algo``."""
-    spec = spec or task_specs(cfg)[0]
     inner = dict(cfg.inner)
-    algo = inner.pop("algo", "ppo")
-    target = inner.pop(plugins.TARGET, None)
-    if target is None:
-        if algo not in TRAINERS:
-            raise ConfigError(f"inner.algo: unknown trainer {algo!r}; allowed: {', '.join(TRAINERS)} "
-                              "(or inner._target_: a config class of your own)")
-        target, field = TRAINERS[algo], "inner.algo"
-    else:
-        algo, field = target, "inner._target_"
+    algo, target = inner.pop("algo", "ppo"), inner.pop(plugins.TARGET, None)
+    if target is None and algo not in TRAINERS:
+        raise ConfigError(f"inner.algo: unknown trainer {algo!r}; allowed: {', '.join(TRAINERS)} "
+                          "(or inner._target_: a config class of your own)")
+    field = "inner.algo" if target is None else "inner._target_"
+    algo, target = (algo, TRAINERS[algo]) if target is None else (target, target)
     for key in {"env", "env_kwargs"} & set(inner):
         raise ConfigError(f"inner.{key}: set the environment with the top-level `env` (or `tasks`)")
     for key in [k for k in spec.inner if k in ("algo", plugins.TARGET, "env", "env_kwargs")]:
@@ -88,9 +77,6 @@ class TaskSpec:
     env_args: tuple | None = None  # ((argument, value), ...) of the {_target_: ...} form; None: a plain name
 
 
-TASK_KEYS = ("env", "inner", "name")
-
-
 def task_specs(cfg: RunConfig, field: str = "tasks") -> list[TaskSpec]:
     """``cfg.tasks`` (or ``cfg.eval_tasks``) as TaskSpecs; no ``tasks``: the one task ``env``."""
     items = getattr(cfg, field)
@@ -99,22 +85,21 @@ def task_specs(cfg: RunConfig, field: str = "tasks") -> list[TaskSpec]:
     if field == "tasks" and not items:
         raise ConfigError("tasks: an empty list; allowed: a list of env ids or {env, inner, name} "
                           "mappings, or leave it unset and give `env=ID`")
-    specs = []
-    for i, item in enumerate(items):
-        path = f"{field}[{i}]"
-        if not isinstance(item, (str, dict)):
-            raise ConfigError(f"{path}: {item!r}; allowed: an env id or a mapping of {', '.join(TASK_KEYS)}")
-        specs.append(_spec({"env": item} if isinstance(item, str) else item, path, f"{path}.env"))
+    specs = [_spec(item, f"{field}[{i}]", f"{field}[{i}].env") for i, item in enumerate(items)]
     for i, spec in enumerate(specs):
         if spec.name in [s.name for s in specs[:i]]:
             raise ConfigError(f"{spec.path}.name: {spec.name!r} names two tasks; allowed: a unique `name` for each")
     return specs
 
 
-def _spec(item: dict, path: str, env_field: str) -> TaskSpec:
-    unknown = [k for k in item if k not in TASK_KEYS]
+def _spec(item: str | dict, path: str, env_field: str) -> TaskSpec:
+    keys = ("env", "inner", "name")
+    if not isinstance(item, (str, dict)):
+        raise ConfigError(f"{path}: {item!r}; allowed: an env id or a mapping of {', '.join(keys)}")
+    item = {"env": item} if isinstance(item, str) else item
+    unknown = [k for k in item if k not in keys]
     if unknown:
-        raise ConfigError(f"{path}.{unknown[0]}: unknown setting; allowed: {', '.join(TASK_KEYS)}")
+        raise ConfigError(f"{path}.{unknown[0]}: unknown setting; allowed: {', '.join(keys)}")
     with layer_errors(str):  # named as given
         (env, args), inner = envs_lib.from_config(item.get("env"), env_field), item.get("inner") or {}
     if not isinstance(inner, dict):
@@ -194,13 +179,7 @@ _XLA_OVERHEAD = 2
 
 def check_memory(cfg: RunConfig, task: Task, available_bytes: int | None, members_here: int) -> int:
     """Refuse a generation that cannot fit; returns the estimate in bytes. Rough on purpose: it catches a setting
-    off by orders of magnitude before compiling. A generation trains ``members_here`` (this device's share of
-    es.popsize) x fitness.num_seeds agents, vmapped, plus one control per seed on every device with
-    ``fitness.control``; in float32 bytes:
-        4 * (members_here + control) * num_seeds * run_floats * 2 (XLA's temporaries, _XLA_OVERHEAD)
-        + 4 * es.popsize * num_dims * 3 (population, noise, shaped fitness) [+ 4 * num_dims^2 * 2 for CMA_ES]
-    with run_floats one member's training storage over all tasks (each trainer config's ``memory_floats()``;
-    one that declares none is left out, with a warning)."""
+    off by orders of magnitude before compiling. ``members_here``: this device's share of es.popsize."""
     floats = [trainer_protocol.memory_floats(inner) for inner in task.inner_configs]
     if None in floats and available_bytes:  # a check would run: say what it leaves out
         print(f"warning: inner._target_: {task.algo} declares no memory_floats(), so the memory check counts "
@@ -208,6 +187,7 @@ def check_memory(cfg: RunConfig, task: Task, available_bytes: int | None, member
               "to its config class", file=sys.stderr)
     run_floats = sum(f or 0 for f in floats)  # every task at once
     num_dims = sum(int(np.size(x)) for x in jax.tree.leaves(task.template))
+    # the population, its noise and its shaped fitness, and CMA-ES's two num_dims^2 matrices
     es_floats = 3 * cfg.es.popsize * num_dims + (2 * num_dims ** 2 if cfg.es.strategy == "CMA_ES" else 0)
     runs = (members_here + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds
     need = 4 * (runs * run_floats * _XLA_OVERHEAD + es_floats)
