@@ -60,39 +60,26 @@ class FitnessSection:
     statistic: str = _choice("final", "auc")
     window: float = _checked("a fraction in (0, 1]", lambda window: 0.0 < window <= 1.0, default=0.2)
     nonfinite_floor: float | None = None
-    # How each task's return becomes a score (docs/experiments.md)
     normalize: str | None = _checked("baseline, none or null (baseline with several tasks, none with one)",
                                      (None, "baseline", "none").__contains__, default=None)
     aggregate: str = _choice("mean", "median", "min")   # over tasks
     control: str = _choice("none", "baseline", "paired")   # docs/signal.md
-    # seeds of the reference returns normalize=baseline scores against
     reference_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=32)
-    # The final pick (docs/signal.md): the validation_top best members and the search's mean are scored again on
-    # validation_seeds seeds the search never used; the best is exported (0: the search's best as it found it).
     validation_top: int = _checked("an integer >= 0", lambda top: top >= 0, default=0)
     validation_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=16)
 
 
 @dataclasses.dataclass(frozen=True)
 class BaselineSection:
-    """The baseline a search is measured against (docs/results.md): the trainer as configured or, with ``tune``,
-    with those hyperparameters tuned first on the run's tasks (kind hyperparams, same fitness and search, own
-    seeds, at least the search's trainings, in RUN_DIR/tune). The tuned values then replace the configured ones:
-    the learned part starts from them; normalised fitness, the control, ``evaluate`` and figures compare with them."""
-    # hyperparameter: {low, high, log} (as component.search of kind hyperparams); empty: no tuning
+    """The baseline a search is measured against: as configured, or tuned first (``tune``; docs/results.md)."""
     tune: dict = _checked("a mapping such as {lr: {low: 1e-4, high: 1e-2, log: true}}",
                           lambda space: all(isinstance(v, dict) and set(v) <= {"low", "high", "log"}
                                             for v in space.values()), default_factory=dict)
     generations: int | None = _checked("a positive integer, or null (es.generations)",
                                        lambda n: n is None or n > 0, default=None)
-    # independent tunings, each on its own seed; the best on fresh seeds becomes the baseline, their spread reported
     tunings: int = _positive(1)
-    # One more tuning, as large as the search, for the evaluation's baseline alone: the search starts from the
-    # best of the first `tunings`, evaluate compares with the best of all (tuned with the learned side's compute).
     matched: bool = False
-    # es.* settings of the tuning search that differ from the run's own (e.g. {strategy: Sep_CMA_ES, std_init: 1.0})
     es: dict = dataclasses.field(default_factory=dict)
-    # A finished tuning (same space, tasks and inner settings) to reuse: one tuned PPO shared by several searches.
     tuned_from: str | None = _checked("a run directory whose tuned.json this run uses, or null (tune here)",
                                       lambda path: path is None or path.strip(), default=None)
 
@@ -116,7 +103,6 @@ class WandbSection:
 @dataclasses.dataclass(frozen=True)
 class MlflowSection:
     mode: str = _choice("disabled", "enabled")
-    # A folder: a local store in it (mlflow.db and artifacts/); or MLflow's own URI (http://HOST:PORT, sqlite:///...).
     tracking_uri: str = _checked("a folder for a local store (mlruns), or an MLflow tracking URI such as "
                                  "http://HOST:PORT", lambda uri: uri.strip(), default="mlruns")
     experiment: str | None = _checked("a name, or null (the run's experiment)",
@@ -135,10 +121,8 @@ class LoggerSection:
 
 
 @dataclasses.dataclass(frozen=True)
-class DevicesSection:
-    # One process per machine; on a CPU it makes this many CPU devices.
+class DevicesSection:   # docs/devices.md
     num_cpu_devices: int | str = _auto_or_positive("one per usable CPU core, or JAX_NUM_CPU_DEVICES")
-    # Several hosts, one process each, joined by jax.distributed.
     num_processes: int | str = _auto_or_positive("from METARL_NUM_PROCESSES or SLURM, else 1")
     coordinator_address: str | None = None
     process_id: int | None = None
@@ -149,13 +133,10 @@ class RunConfig:
     experiment: str = _checked("the name of an experiment", bool, default="")
     seed: int = _checked(f"an integer from 0 to {SEED_MAX}", lambda seed: 0 <= seed <= SEED_MAX, default=0)
     env: str | dict = "CartPole-v1"   # a name, or {_target_: NAME or dotted.path, ...arguments}
-    # Meta-training tasks (each an env, or {env, inner: {...}, name}); empty: the one task `env`.
-    tasks: list | None = None
+    tasks: list | None = None   # empty: the one task `env` (docs/experiments.md)
     eval_tasks: list | None = None   # held out: never used for fitness
     run_dir: str | None = None
     component: dict = dataclasses.field(default_factory=dict)
-    # The inner trainer: its config fields, and algo (ppo, dqn, q_learning) or _target_ (a config class of your
-    # own whose module defines make_train; docs/extending.md)
     inner: dict = dataclasses.field(default_factory=lambda: {"algo": "ppo"})
     es: ESSection = ESSection()
     fitness: FitnessSection = FitnessSection()
@@ -202,8 +183,7 @@ def _in_range(value, path: str):
 
 
 def coerce(value, tp, path):
-    """``value`` as type ``tp`` (pydantic), refusing what JAX cannot take; else ``ConfigError`` naming
-    ``path`` (and the keys below it, for a dataclass) and saying what is allowed."""
+    """``value`` as type ``tp`` (pydantic) within JAX's range, else a ``ConfigError`` naming ``path``."""
     try:
         return _in_range(_validator(tp).validate_python(value), path)
     except ValidationError as err:
@@ -277,13 +257,12 @@ def from_composed(composed) -> RunConfig:
     if composed.get("experiment", None) is None:
         raise ConfigError(f"experiment: missing; allowed: experiment={'|'.join(experiment_names())} "
                           "(or resume=RUN_DIR)")
+    keys = [k for k in composed if k not in ("hydra", "resume")]   # resume=RUN_DIR is no run setting
     try:
-        data = OmegaConf.to_container(OmegaConf.masked_copy(composed, [k for k in composed if k != "hydra"]),
-                                      resolve=True)
+        data = OmegaConf.to_container(OmegaConf.masked_copy(composed, keys), resolve=True)
     except OmegaConfBaseException as err:
         raise ConfigError(f"{getattr(err, 'full_key', None) or 'config'}: {str(err).splitlines()[0]}; allowed: "
                           "a value, or an interpolation that resolves") from None
-    data.pop("resume", None)
     return from_dict(data)
 
 
@@ -332,8 +311,7 @@ def search_differences(saved: dict, new: dict) -> list[str]:
         va, vb = a.get(key, "<unset>"), b.get(key, "<unset>")
         # A setting added to the schema after a run was saved is absent from its config.yaml; at its
         # empty default (null, {}, []) or at the schema's default (fitness.control: none) it changes nothing.
-        added = "<unset>" in (va, vb) and any(v in (None, {}, []) or (key in defaults and v == defaults[key])
-                                              for v in (va, vb))
+        added = "<unset>" in (va, vb) and any(v in (None, {}, [], defaults.get(key)) for v in (va, vb))
         if va != vb and not added and not (key + ".").startswith(resumable):
             diffs.append(f"{key}: {va!r} -> {vb!r}")
     return diffs

@@ -3,6 +3,7 @@
 figures and the best meta-parameters; what goes where is in docs/tracking.md."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -21,18 +22,16 @@ from metarl.rundir import FIGURES, METRICS, RunDir
 from metarl.config import LoggerSection, MlflowSection, WandbSection, flatten, show_value
 from metarl.errors import ConfigError
 
+
 def say(text: str, error: bool = False) -> None:
     """A line on the console. A console that has gone away (a closed terminal: EIO; a closed pipe:
     EPIPE) never stops a run: the line is dropped, and ``metrics.jsonl`` stays the record."""
-    try:
+    with contextlib.suppress(OSError):
         print(text, file=sys.stderr if error else sys.stdout, flush=True)
-    except OSError:
-        pass
 
 
 def scalars(record: dict) -> dict:
-    """The scalars wandb and MLflow log: the record's numbers (the generation is the step), each task's
-    (``tasks/<name>/raw_mean``, ...) and the decoded search distribution (``search/mean/lr``, ...)."""
+    """The scalars wandb and MLflow log at step = generation (their names: docs/tracking.md)."""
     data = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "generation"}
     for name, values in record.get("tasks", {}).items():
         data.update({f"tasks/{name}/{stat}": v for stat, v in values.items()})
@@ -95,8 +94,7 @@ class JsonlSink(Sink):
 
 
 class WandbSink(Sink):
-    """Weights & Biases (``logger.wandb``, ``wandb.init``'s own fields; its id is stable per run directory, so a
-    resumed run goes on): each generation's scalars and fitness histogram; at the end figures, best and summary."""
+    """Weights & Biases (``logger.wandb``: ``wandb.init``'s fields); an id from the run directory: resumes go on."""
     tracking = True
 
     def __init__(self, section: WandbSection, logger: Logger):
@@ -184,15 +182,13 @@ class Logger:
 
 PARENT_RUN_ENV = "METARL_MLFLOW_PARENT_RUN_ID"   # set by a sweep: its jobs' runs are nested under this run
 STEP_METRIC = "best"   # logged every generation: its last step is the last generation MLflow holds
-# A tracking server that cannot be reached fails the first request at once (MLflow would retry for
-# minutes) and within seconds (not two minutes); either variable, set beforehand, is kept.
+# A server that cannot be reached costs seconds, not MLflow's minutes of retries; a variable set beforehand is kept.
 MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
 
 def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
-    """``(tracking URI, artifact root)``: a folder is a local store, ``FOLDER/mlflow.db`` and ``FOLDER/artifacts``
-    (absolute, so that a run resumed from elsewhere finds the same store); a URI with a scheme (``http://HOST:PORT``,
-    ``sqlite:///PATH``, ...) is MLflow's own, and its server or MLflow's default decides where files go (None)."""
+    """``(tracking URI, artifact root)``: a URI with a scheme as it is (None: its server decides), a folder as a
+    local store (absolute, so that a run resumed from elsewhere finds the same store)."""
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", tracking_uri):
         return tracking_uri, None
     folder = Path(tracking_uri).expanduser().absolute()
@@ -200,8 +196,8 @@ def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
 
 
 def check_mlflow(section: MlflowSection) -> None:
-    """``ConfigError``, before anything is written, if MLflow (or for a local store the SQL packages it needs)
-    cannot be imported or it refuses a ``file:`` store (MLflow 3 retired the file store)."""
+    """``ConfigError``, before anything is written, if MLflow (or a local store's SQL packages) cannot be imported
+    or it refuses a ``file:`` store (MLflow 3 retired the file store)."""
     if section.mode != "enabled":
         return
     uri = mlflow_store(section.tracking_uri)[0]
@@ -222,10 +218,8 @@ def check_mlflow(section: MlflowSection) -> None:
 
 
 class MlflowRun:
-    """The MLflow run of a metarl run, or of a sweep (the parent of its jobs' runs): the one recorded in
-    ``record_dir/mlflow_run.json`` continued if it is in the same store, else a new one in ``section.experiment``
-    (default ``experiment``). The first call that fails (a server that cannot be reached, a store that refuses) is
-    reported once, and MLflow is not called again in this process: the run goes on, ``metrics.jsonl`` its record."""
+    """The MLflow run of a metarl run, or of a sweep (its jobs' parent), continued on resume (docs/tracking.md). The
+    first call that fails is reported once, and MLflow is not called again in this process: the run goes on."""
 
     def __init__(self, section: MlflowSection, experiment: str, record_dir: Path, name: str, params: dict,
                  tags: dict, message: Callable[[str], None], parent_id: Optional[str] = None):
@@ -284,10 +278,9 @@ class MlflowRun:
             return False
         try:
             getattr(self.client, method)(self.run_id, *args)
-            return True
         except Exception as err:
             self._failed(what, err)
-            return False
+        return self.client is not None
 
     active = property(lambda self: self.client is not None)
 

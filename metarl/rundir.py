@@ -1,26 +1,10 @@
 """A run directory's files, their names and formats, in one place: the rest of metarl asks a ``RunDir`` for a
-path or a file's contents and never spells a file name (a test checks).
-
-    config.yaml                the resolved config; ``resume=RUN_DIR`` continues from it
-    metrics.jsonl              one strict-JSON record per generation
-    reference.json             the reference returns a normalised fitness scores against
-    tuned.json                 the tuned baseline (``baseline.tune``); its searches run in ``tune/``, ``tune-2/``, ...
-    validation.json            the final pick on fresh seeds
-    best_meta_params.msgpack   the exported meta-parameters (flax msgpack) and, in ``.json``, what they are
-    ckpt/                      Orbax checkpoints of the outer state
-    figures/                   inspect's, evaluate's and distill's figures
-    evaluation[SUFFIX].json    ``metarl.evaluate``'s report, a suffix per setting
-    distill.json               ``metarl.distill``'s front of formulas
-    per_task_tuning.json       ``metarl.evaluate per_task=...``'s finished tunings, reused when it runs again
-    mlflow_run.json            the MLflow run the directory logs to (a run's, or a sweep's)
-    wandb/                     the wandb run
-    .lock                      filelock's lock (``fcntl.flock``, not a PID file): the kernel drops it when the
-                               holder's descriptor closes, SIGKILL included, so none goes stale; the PID and
-                               host in it only name the holder to a refused process
-"""
+path or a file's contents and never spells a file name (a test checks). Besides the files named below it holds
+``evaluation[SUFFIX].json`` (``metarl.evaluate``'s report, a suffix per setting) and wandb's own ``wandb/``."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -33,12 +17,21 @@ from filelock import FileLock, Timeout
 
 from metarl.errors import ConfigError
 
-CONFIG, METRICS, REFERENCE, TUNED, VALIDATION = ("config.yaml", "metrics.jsonl", "reference.json", "tuned.json",
-                                                 "validation.json")
-BEST_PARAMS, BEST_INFO, DISTILL, MLFLOW_RUN = ("best_meta_params.msgpack", "best_meta_params.json", "distill.json",
-                                               "mlflow_run.json")
-PER_TASK = "per_task_tuning.json"
-CKPT, FIGURES, TUNE, LOCK = "ckpt", "figures", "tune", ".lock"
+CONFIG = "config.yaml"                # the resolved config; ``resume=RUN_DIR`` continues from it
+METRICS = "metrics.jsonl"             # one strict-JSON record per generation
+REFERENCE = "reference.json"          # the reference returns a normalised fitness scores against
+TUNED, TUNE = "tuned.json", "tune"    # the tuned baseline (``baseline.tune``); its searches in tune/, tune-2/, ...
+VALIDATION = "validation.json"        # the final pick on fresh seeds
+# the exported meta-parameters (flax msgpack) and what they are
+BEST_PARAMS, BEST_INFO = "best_meta_params.msgpack", "best_meta_params.json"
+CKPT = "ckpt"                         # Orbax checkpoints of the outer state
+FIGURES = "figures"                   # inspect's, evaluate's and distill's figures
+DISTILL = "distill.json"              # ``metarl.distill``'s front of formulas
+PER_TASK = "per_task_tuning.json"     # ``metarl.evaluate per_task=...``'s finished tunings, reused when it runs again
+MLFLOW_RUN = "mlflow_run.json"        # the MLflow run the directory logs to (a run's, or a sweep's)
+# filelock's lock (``fcntl.flock``, not a PID file): the kernel drops it when its holder's descriptor closes, even
+# on SIGKILL; the PID and host in it only name the holder to a refused process
+LOCK = ".lock"
 
 
 class CheckpointError(RuntimeError):
@@ -62,11 +55,11 @@ def to_json_line(record: dict) -> str:
     return json.dumps(json.loads(json.dumps(record), parse_constant=lambda constant: None)) + "\n"
 
 
+@dataclasses.dataclass
 class JsonFile:
     """One JSON file of a run directory, written whole or not at all."""
-
-    def __init__(self, path: Path, indent: Optional[int] = 2):
-        self.path, self.indent = path, indent
+    path: Path
+    indent: Optional[int] = 2
 
     def read(self) -> Optional[dict]:
         """Its contents; None if it does not exist (or a kill left it unreadable)."""
@@ -97,13 +90,11 @@ class RunDir(os.PathLike):
     __str__ = __fspath__
 
     def tuning(self, i: int = 0) -> "RunDir":
-        """Tuning search ``i``'s own run directory: tune/, tune-2/, ..."""
         return RunDir(self.path / (TUNE if i == 0 else f"{TUNE}-{i + 1}"))
 
     tune = property(tuning)
 
     def evaluation(self, suffix: str = "") -> JsonFile:
-        """``metarl.evaluate``'s report at one setting."""
         return JsonFile(self.path / f"evaluation{suffix}.json")
 
     @property
@@ -129,17 +120,11 @@ class RunDir(os.PathLike):
 
     def fingerprint(self) -> tuple:
         """What another run could have changed between our read-only checks and taking the lock."""
-        def stamp(path):
-            try:
-                return path.stat().st_mtime_ns
-            except OSError:
-                return None
-
+        stamps = [p.stat().st_mtime_ns if p.exists() else None for p in (self.path / CONFIG, self.path / METRICS)]
         steps = sorted(p.name for p in self.ckpt.iterdir()) if self.ckpt.is_dir() else []
-        return stamp(self.path / CONFIG), stamp(self.path / METRICS), steps
+        return *stamps, steps
 
     def write_config(self, data: dict) -> None:
-        """Write ``config.yaml`` atomically, making the directory if needed."""
         from omegaconf import OmegaConf
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path / CONFIG, OmegaConf.to_yaml(OmegaConf.create(data)))
@@ -183,8 +168,7 @@ class RunDir(os.PathLike):
             atomic_write(self.path / METRICS, "".join(to_json_line(r) for r in kept))
 
     def write_best(self, meta_params: Any, info: dict) -> None:
-        """The meta-parameters (flax msgpack) and what using them needs (JSON): the best member so far, or the
-        pick (``info["picked"]``)."""
+        """The meta-parameters (flax msgpack) and what using them needs (JSON): the best so far, or the pick."""
         import jax
         import numpy as np
         from flax import serialization
@@ -202,12 +186,6 @@ class RunDir(os.PathLike):
         return (params if template is None else serialization.from_state_dict(template, params)), info
 
 
-def _ocp():
-    # Imported on first use: it takes seconds, and the CLI imports this module (CheckpointError) to check input.
-    import orbax.checkpoint as ocp
-    return ocp
-
-
 def _is_key(x) -> bool:
     import jax
     return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
@@ -222,19 +200,18 @@ def to_host(x):
 
 def from_host(value, template):
     import jax
-    if _is_key(template):
-        return jax.random.wrap_key_data(value, impl=jax.random.key_impl(template))
-    return value
+    return jax.random.wrap_key_data(value, impl=jax.random.key_impl(template)) if _is_key(template) else value
 
 
 class Checkpointer:
     """The Orbax checkpoints: at generation G, the state after G generations and, as JSON, their history and
     the config. Orbax renames a step's temporary directory when complete, so a kill mid-write leaves the
-    previous checkpoint intact (the leftover is removed)."""
+    previous checkpoint intact (the leftover is removed). Orbax is imported on first use: it takes seconds, and
+    the CLI imports this module (CheckpointError) to check input."""
 
     def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
         import jax
-        ocp = _ocp()
+        import orbax.checkpoint as ocp
         self.write = write  # only process 0 writes in a multi-process run
         self.dir = ckpt_dir = RunDir(run_dir).ckpt
         self.removed_incomplete = []  # step directories a kill left half-written (Orbax never reads them)
@@ -261,8 +238,8 @@ class Checkpointer:
         # Host NumPy, keys as raw data: multi-process Orbax refuses host-local jax.Arrays and expects every
         # process to write a global one.
         import jax
+        import orbax.checkpoint as ocp
         meta = {"generation": generation, "history": history, "config": config}
-        ocp = _ocp()
         self.manager.save(generation, args=ocp.args.Composite(
             state=ocp.args.StandardSave(jax.tree.map(to_host, state)), meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
@@ -281,7 +258,7 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"{self.dir}: no checkpoint to restore")
-        ocp = _ocp()
+        import orbax.checkpoint as ocp
         parts = {name: ocp.args.StandardRestore(tree) for name, tree in abstract.items()}
         try:
             return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **parts))
@@ -297,11 +274,11 @@ class RunDirLocked(RuntimeError):
     """Another live process holds the run directory; the message is one line naming it."""
 
 
+@dataclasses.dataclass
 class RunLock:
     """A held run directory; the lock is released by ``release`` or when this process ends."""
-
-    def __init__(self, lock: FileLock, run_dir: Path):
-        self.lock, self.run_dir = lock, run_dir
+    lock: FileLock
+    run_dir: Path
 
     def release(self) -> None:
         self.lock.release(force=True)

@@ -1,7 +1,5 @@
-"""``python -m metarl.evolve -m experiment=NAME KEY=A,B ...``: a sweep by Hydra's sweeper and launcher
-(docs/sweeps.md), one run per job in ``SWEEP_DIR/<job number>``, all checked before the first (``start``, basic
-sweeper). Jobs record their start and end in ``SWEEP_DIR/jobs/<number>.json``, so the summary (``finish``) is the
-same whichever launcher ran them, wherever; each returns its best fitness, for an optimising sweeper."""
+"""``python -m metarl.evolve -m KEY=A,B ...``, a sweep (docs/sweeps.md): jobs checked first (``start``), each
+recorded in ``SWEEP_DIR/jobs/<number>.json`` so that the summary (``finish``) is the same whatever launcher ran them."""
 from __future__ import annotations
 
 import csv
@@ -28,7 +26,7 @@ from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
 from metarl.errors import ConfigError
 from metarl.logger import PARENT_RUN_ENV, MlflowRun
 from metarl.run import check, execute
-from metarl.rundir import RunDir, atomic_write
+from metarl.rundir import JsonFile, RunDir, atomic_write
 
 JOBS_DIR = "jobs"
 SUMMARY_CSV, SUMMARY_JSON = "summary.csv", "summary.json"
@@ -56,10 +54,11 @@ def run_job(composed, hydra_cfg) -> float:
     """One job, from Hydra's launcher; a stop signal raises ``Stopped`` (the Hydra callback hands it to ``finish``)."""
     sweep_dir = Path(str(hydra_cfg.sweep.dir))
     num, run_dir = int(hydra_cfg.job.num), sweep_dir / str(hydra_cfg.sweep.subdir)
-    record = sweep_dir / JOBS_DIR / f"{num}.json"
+    record = JsonFile(sweep_dir / JOBS_DIR / f"{num}.json", indent=1)
     overrides = " ".join(str(o) for o in hydra_cfg.overrides.task)
     row = {"job": num, "overrides": overrides, "exit_code": None, "run_dir": str(run_dir)}
-    _write_json(record, row)  # a job killed outright stays in the summary, without an exit code
+    record.path.parent.mkdir(parents=True, exist_ok=True)
+    record.write(row)  # a job killed outright stays in the summary, without an exit code
     print(f"\nsweep job {num}: {overrides or '(no overrides)'}", flush=True)
     try:
         cfg = dataclasses.replace(config_lib.from_composed(composed), run_dir=str(run_dir))
@@ -72,7 +71,7 @@ def run_job(composed, hydra_cfg) -> float:
     except Exception:  # a failure of this job only: the sweep goes on to the next
         traceback.print_exc()
         row["exit_code"] = 1
-    _write_json(record, row)
+    record.write(row)
     if row["exit_code"] in STOPPED:
         raise Stopped(row["exit_code"])
     best = _results(run_dir)["best"]
@@ -81,11 +80,6 @@ def run_job(composed, hydra_cfg) -> float:
 
 class Stopped(Exception):
     """``Stopped(exit code)``: a job stopped by a stop signal; the sweep stops too (``finish``)."""
-
-
-def _write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 def _results(run_dir: Path) -> dict:
@@ -98,7 +92,7 @@ def write_summary(sweep_dir: Path) -> list[dict]:
     records = sorted((sweep_dir / JOBS_DIR).glob("*.json"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
     jobs = [json.loads(path.read_text()) for path in records]
     rows = [{k: row.get(k) for k in COLUMNS} for row in ({**job, **_results(Path(job["run_dir"]))} for job in jobs)]
-    _write_json(sweep_dir / SUMMARY_JSON, rows)
+    JsonFile(sweep_dir / SUMMARY_JSON, indent=1).write(rows)
     table = io.StringIO(newline="")
     csv.writer(table).writerows([COLUMNS, *(row.values() for row in rows)])  # rows: COLUMNS in order
     atomic_write(sweep_dir / SUMMARY_CSV, table.getvalue())
@@ -128,7 +122,7 @@ def start(master):
         fail("resume: a sweep's jobs cannot be resumed by name; allowed: the sweep's own command again with "
              "run_dir=SWEEP_DIR (each job continues its run), or resume=RUN_DIR without -m")
     sweep_dir = Path(str(master.hydra.sweep.dir))
-    config_lib.check_run_dir(str(sweep_dir), "run_dir")
+    config_lib.check_run_dir(str(sweep_dir))
     if RunDir(sweep_dir).has_config():
         fail(f"run_dir: {sweep_dir} holds a run, not a sweep; allowed: a new directory, or an earlier sweep's")
     compilation.enable_compilation_cache()  # before this process compiles anything (its jobs use the cache)
