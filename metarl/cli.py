@@ -1,5 +1,4 @@
-"""What metarl's commands share: the bad-input exit, the signals that stop a run, the command line of
-the commands that read a run (inspect, evaluate, distill), and the checks of a run directory."""
+"""What metarl's commands share: the bad-input exit, the stop signals, reading a run's command line, run checks."""
 from __future__ import annotations
 
 import contextlib
@@ -27,9 +26,7 @@ def fail(message: str, code: int = EXIT_BAD_INPUT):
 
 
 def run_command(argv: list[str] | None, function, usage: str, show) -> int:
-    """``inspect``, ``evaluate`` and ``distill``: ``function(RUN_DIR, **options)`` from ``run_dir=RUN_DIR [KEY=VALUE
-    ...]`` (``argv``; None: this process's), printed by ``show``. Keys are ``function``'s arguments, values read as
-    ``metarl.evolve`` reads its own (``env=null``) and typed as declared; ``--help`` or nothing prints ``usage``."""
+    """``function(RUN_DIR, **options)``, options read as ``metarl.evolve`` reads its own, printed by ``show``."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
@@ -74,8 +71,7 @@ def check_run_to_read(run_dir: str | Path) -> None:  # ConfigError if it is not 
 
 @contextlib.contextmanager
 def stop_signals_to(handler):
-    """``handler`` receives the stop signals inside the block, except one this process was started with
-    ignored (``nohup`` ignores SIGHUP); outside the main thread, where Python cannot set handlers, none."""
+    """``handler`` gets the stop signals in the block, save one ignored at start (``nohup``) or off the main thread."""
     try:
         old = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
     except ValueError:  # not the main thread
@@ -88,8 +84,7 @@ def stop_signals_to(handler):
 
 
 def check_existing(cfg, run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses one of another
-    config, or a directory that is not a run's (``ConfigError``: a path that cannot become one)."""
+    """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses any other started directory."""
     config_lib.check_run_dir(str(run_dir))
     if not RunDir(run_dir).started():
         return False

@@ -7,8 +7,7 @@ import jax
 
 
 def enable_compilation_cache() -> None:
-    """Keep compiled generations on disk (``JAX_COMPILATION_CACHE_DIR``, default ``~/.cache/metarl/jax``;
-    ``METARL_COMPILATION_CACHE=0`` turns it off), so that a resumed or repeated run skips compilation."""
+    """Keep compiled programs on disk for a resumed or repeated run (off with ``METARL_COMPILATION_CACHE=0``)."""
     if os.environ.get("METARL_COMPILATION_CACHE", "1") == "0":
         return
     path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.expanduser("~/.cache/metarl/jax")

@@ -1,5 +1,4 @@
-"""Errors in the config's terms: ``ConfigError``, the lower layers' errors at config paths (``layer_errors``) and
-Hydra's and OmegaConf's as one line (``one_line``). Only the commands make them an ``error:`` line and exit code 2."""
+"""Errors in the config's terms. Only the commands make them an ``error:`` line and exit code 2."""
 from __future__ import annotations
 
 import contextlib
@@ -27,8 +26,7 @@ def layer_path(where: str | Callable[[str], str], key: str) -> str:
 
 @contextlib.contextmanager
 def layer_errors(where: str | Callable[[str], str]):
-    """Where the harness calls into inner_loops or outer_loops: their ``ValueError``, which names their
-    argument first, becomes a ``ConfigError`` naming the config's path (``layer_path``)."""
+    """inner_loops' and outer_loops' ``ValueError`` (naming their argument) as a ``ConfigError`` naming the config's."""
     try:
         yield
     except ConfigError:
@@ -47,8 +45,7 @@ def one_line(err: Exception) -> ConfigError:
     named = re.search(r"(?:override|argument) '?\+*([^'= ]+)=", first) or re.search(r"override '\+*([^']+)'", first)
     key = (getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
            or (named and named[1]) or getattr(err, "override", "").split("=", 1)[0].lstrip("+~") or None)
-    missing = re.search(r"Could not find '(.+)/[^/']+'", first)
-    if missing:  # a config group's option; Hydra lists the others on the lines that follow
+    if missing := re.search(r"Could not find '(.+)/[^/']+'", first):  # a group's option: Hydra lists the others below
         listed = str(err).split("Available options", 1)[-1].split("Config search path", 1)[0]
         options = [line.strip() for line in listed.splitlines() if line.startswith("\t")]
         key, allowed = missing[1], ", ".join(options) + (" (or --config-dir DIR for your own)"

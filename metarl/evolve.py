@@ -1,10 +1,4 @@
-"""``python -m metarl.evolve experiment=NAME [key=value ...]``: evolve a part of an RL algorithm.
-
-A Hydra application (docs/sweeps.md): ``experiment=NAME`` selects ``experiment/NAME.yaml`` (yours with
-``--config-dir DIR``) over ``experiments/config.yaml``; ``-m`` runs a sweep (``metarl.sweep``);
-``resume=RUN_DIR`` continues a run. Bad settings exit with code 2 and one line naming the field, before
-anything is compiled or written.
-"""
+"""``python -m metarl.evolve experiment=NAME [key=value ...]``: evolve a part of an RL algorithm (docs/sweeps.md)."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +23,7 @@ from metarl.rundir import RunDir, unique_dir
 
 
 def _resume(resume: str, hydra_cfg) -> tuple:
-    """``resume=RUN_DIR``: the run's saved config with the command line's settings applied, read as on
-    a first run (Hydra's parser), so a value means the same on a resume."""
+    """``resume=RUN_DIR``: the saved config with the command line's settings, read by Hydra's parser as at first."""
     given = [str(o) for o in hydra_cfg.overrides.task if str(o).split("=", 1)[0].lstrip("+~") != "resume"]
     config_lib.check_run_dir(resume, "resume")
     run_dir = Path(resume)
@@ -72,9 +65,8 @@ def app(composed) -> float | None:
 
 
 class RunHooks(Callback):
-    """With ``-m``: jobs checked first, the sweep's MLflow run and summary, a stopped job stopping the sweep
-    (``metarl.sweep``); one run: Hydra's settings checked. Hydra makes a callback's exception a warning and goes
-    on, so failures here exit."""
+    """Hydra's settings checked; with ``-m`` the sweep's checks, MLflow run and summary (``metarl.sweep``). Hydra
+    makes a callback's exception a warning and goes on, so failures here exit."""
     parent = None  # the sweep's MLflow run, in the process that runs the sweep (``sweep.start``)
 
     def __getstate__(self) -> dict:
@@ -124,14 +116,11 @@ HYDRA_VALUE_FLAGS = "-c --cfg -p --package -cp --config-path -cn --config-name -
 
 
 def check_arguments(argv: list[str]) -> None:
-    """Refuse, in one line naming it, an argument that Hydra would answer with its usage or an error
-    that does not name it: a flag not its own (``--popsize=4``), an override without a key (``=4``, '')."""
-    takes_value = False
-    for arg in argv:
+    """Refuse in one line an argument Hydra would answer with its usage or an unnamed error (``--popsize=4``, =4)."""
+    args = iter(argv)
+    for arg in args:
         key, _, value = arg.partition("=")
-        if takes_value:  # the value of a flag of Hydra's
-            takes_value = False
-        elif arg.startswith("-") and len(arg) > 1:
+        if arg.startswith("-") and len(arg) > 1:
             flags = [f for f in f"{HYDRA_FLAGS} {HYDRA_VALUE_FLAGS}".split()
                      if f == key or key.startswith("--") and f.startswith(key)]
             if not flags:
@@ -141,7 +130,8 @@ def check_arguments(argv: list[str]) -> None:
                 fail(f"argument {arg!r}: not a flag of metarl.evolve; allowed: overrides KEY=VALUE without dashes, "
                      f"such as {(known or [name])[0]}={value or 'VALUE'}, and Hydra's flags --help, --cfg, -m, "
                      "--config-dir, --config-name, ... (--hydra-help lists them)")
-            takes_value = flags[0] in HYDRA_VALUE_FLAGS.split() and "=" not in arg
+            if flags[0] in HYDRA_VALUE_FLAGS.split() and "=" not in arg:
+                next(args, None)  # its value
         elif not key.lstrip("+~"):
             fail(f"argument {arg!r}: {'empty' if not arg else 'no key'}; allowed: an override KEY=VALUE, such "
                  "as es.popsize=4")

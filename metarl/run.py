@@ -1,5 +1,4 @@
-"""One run from its checked config to its end (``metarl.evolve``, each sweep job): the read-only checks of its
-settings and run directory (``check``), the directory's lock (``execute``) and the stages in order (``run``)."""
+"""One run: the read-only checks (``check``), the run directory's lock (``execute``) and the stages (``run``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,21 +8,19 @@ from typing import Any
 
 import jax
 
-from metarl import config as config_lib
-from metarl import devices, errors, rundir, stages
+from metarl import config as config_lib, devices, errors, rundir, stages
 from metarl.cli import check_existing, fail
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import check_mlflow, say
 from metarl.rundir import CheckpointError, RunDir
-from metarl.search import Interrupted, Restored, build_evolution, restore
+from metarl.search import Interrupted, Searched, build_evolution, restore
 from metarl.tasks import Task, build_task, check_memory
 
 
-def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored: Restored | None = None,
+def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored: Searched | None = None,
         mesh: Any = "auto") -> dict:
-    """The stages in order on ``run_dir``; the run's summary. ``task``, ``restored`` (``search.restore``): as
-    checked before the run took its directory (else built and read here)."""
+    """The stages in order on ``run_dir``; the summary. ``task``, ``restored``: as checked (else built here)."""
     run_dir = RunDir(Path(run_dir).resolve())
     if restored is None:
         task, evo = build_evolution(cfg, task, mesh)
@@ -36,12 +33,9 @@ def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored:
     if tuned is not None:  # the learned part, the control and the reference on the tuned values
         cfg = config_lib.with_tuned(cfg, tuned)
         task = build_task(cfg)
-    logger = stages.make_logger(cfg, run_dir, task, config)
-    logger.catch_up(restored.history)
-    outcome = stages.search_and_pick(cfg, run_dir, task, restored, mesh, logger, shown, config, tuned)
+    searched, picked, logger = stages.search_and_pick(cfg, run_dir, task, restored, mesh, shown, config, tuned)
     # 2. reference.json, 3. ckpt/, metrics.jsonl and the best so far, 4. validation.json and the pick
-    summary = {"validation_trainings": outcome.picked["trainings"] if outcome.picked else 0,
-               **outcome.searched.summary()}
+    summary = {"validation_trainings": picked["trainings"] if picked else 0, **searched.summary()}
     if jax.process_index() == 0 and logger.tracking:
         from metarl import figures  # matplotlib: seconds that a run without a tracker does without
 
@@ -57,9 +51,7 @@ def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored:
 
 
 def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
-    """Every read-only check of a run's settings needing no run directory (``ConfigError`` or ``ValueError``, one
-    line); returns the task, built once unless given. ``setup_devices``: ``devices.setup`` first, as a run must
-    before any JAX computation; a sweep checking its jobs has set them up already."""
+    """Every read-only check needing no run directory; the task. A run sets up its devices here, a sweep before."""
     check_mlflow(cfg.logger.mlflow)
     if setup_devices:
         devices.setup(cfg.devices)

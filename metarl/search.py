@@ -1,5 +1,4 @@
-"""The search stage: the generation loop, which evolves, reports, checkpoints and stops cleanly on SIGINT, SIGTERM
-or SIGHUP. Building, tuning, the reference and the pick are ``metarl.stages``'; their order ``metarl.run``'s."""
+"""The generation loop, which evolves, reports, checkpoints and stops cleanly on SIGINT, SIGTERM or SIGHUP."""
 from __future__ import annotations
 
 import contextlib
@@ -11,9 +10,8 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from metarl import compilation, devices, rundir
+from metarl import compilation, devices, errors, rundir
 from metarl.cli import stop_signals_to
-from metarl import errors
 from metarl.config import RunConfig
 from metarl.progress import progress
 from metarl.rundir import RunDir
@@ -23,21 +21,13 @@ from metarl.outer_loops.fitness import make_aggregate
 
 
 @dataclasses.dataclass
-class Restored:
-    """Where a search starts: the evolution state and the generations done (0 and [] for a new run)."""
-    state: Any
-    start: int
-    history: list
-
-
-@dataclasses.dataclass
 class Searched:
-    """What the generation loop leaves: the final state and every generation's record."""
+    """A search's state and records: where it starts (``restore``; ``start`` generations done) or the loop leaves it."""
     state: Any
     history: list
     start: int
-    compile_seconds: float
-    best_so_far: float
+    compile_seconds: float = 0.0
+    best_so_far: float = float("nan")
 
     def summary(self) -> dict:
         fps = [r["fps"] for r in self.history[self.start:]]
@@ -55,7 +45,7 @@ class Interrupted(Exception):
 
 
 def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", reference: Optional[dict] = None):
-    """``(task, evolution)``; ``reference``: the baseline and random returns normalised fitness uses (None: raw)."""
+    """``(task, evolution)``; ``reference``: the returns normalised fitness uses (None: raw)."""
     task = task or build_task(cfg)
     if mesh == "auto":
         mesh = devices.run_mesh(cfg)
@@ -69,17 +59,17 @@ def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", refere
     return task, evo
 
 
-def restore(cfg: RunConfig, run_dir: RunDir, evo: Evolution) -> Restored:
-    """The latest checkpoint's state, or a new one, writing nothing (``CheckpointError`` if unreadable). The
-    state's shapes ignore tuned values and reference returns, so any evolution of the run's search restores it."""
+def restore(cfg: RunConfig, run_dir: RunDir, evo: Evolution) -> Searched:
+    """The latest checkpoint's state, or a new one, writing nothing (``CheckpointError`` if unreadable); its shapes
+    ignore tuned values and reference returns, so any evolution of the run's search restores it."""
     state = evo.init(jax.random.key(cfg.seed))
     with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as reader:
         step = reader.latest_step()  # None without a checkpoint directory, which a reader does not create
         if step is None:
-            return Restored(state, 0, [])
+            return Searched(state, [], 0)
         state, meta = reader.restore(state, step)
     start = int(meta["generation"])
-    return Restored(state, start, list(meta["history"])[:start])
+    return Searched(state, list(meta["history"])[:start], start)
 
 
 def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[float]) -> dict:
@@ -89,11 +79,9 @@ def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[flo
             "fitness": fitness, "seed": cfg.seed}
 
 
-def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored: Restored, logger,
+def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored: Searched, logger,
            shown: bool, config: dict) -> Searched:
-    """Run (or continue) ``cfg``'s generations from ``restored``, each one compiled call, logged, the best so far
-    exported, a checkpoint every ``checkpoint.every`` and at the end; a stop signal ends it after the generation
-    in flight, checkpointed (``Interrupted``). ``config``: the saved config, kept in each checkpoint."""
+    """Run (or continue) the generations; a stop signal ends it after the one in flight (``Interrupted``)."""
     is_main = jax.process_index() == 0
     history, start = list(restored.history), restored.start
     ckpt = rundir.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
@@ -110,7 +98,6 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
     if start >= cfg.es.generations:  # a finished search resumed for what follows it: nothing to compile
         ckpt.close()
         return Searched(state, history, start, 0.0, float(state.best_fitness))
-
     t0 = time.perf_counter()
     with progress("compiling the generation", enabled=shown):
         step = compilation.compile_program(evo.step, state)  # one compilation per run, timed on its own
@@ -138,9 +125,8 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
             record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)
             history.append(record)
             logger.log(record)
-            warning = noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations),
-                                    lambda name: errors.layer_path("evolution", name))
-            if warning:
+            if warning := noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations),
+                                        lambda name: errors.layer_path("evolution", name)):
                 logger.message(warning)
             if record["best_so_far"] > best_so_far and is_main:
                 best_so_far = record["best_so_far"]

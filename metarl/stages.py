@@ -1,24 +1,20 @@
-"""The stages besides the generation loop (``metarl.search``), each writing its own file: the tuned baseline
-(``tune``: tuned.json, its search in tune/), the reference returns normalised fitness scores against
-(``reference``: reference.json, measured once so a resumed run scores as before) and the final pick on fresh
-seeds (``pick``: validation.json and the exported meta-parameters). ``metarl.run`` runs them in order."""
+"""The stages besides the generation loop: ``tune``, ``reference`` and ``pick``, each writing its own file."""
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import numpy as np
 
-from metarl import compilation, devices
-from metarl import config as config_lib
+from metarl import compilation, config as config_lib, devices
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import CheckpointError, RunDir
-from metarl.search import Restored, Searched, best_info, build_evolution, restore, search
+from metarl.search import Searched, best_info, build_evolution, restore, search
 from metarl.stats import best_finite, bracket, t_bounds
 from metarl.tasks import Task, build_task, task_specs
 from metarl.inner_loops.envs import random_policy_return
@@ -32,37 +28,31 @@ _BASE_STREAM, _LOW_STREAM, _VALIDATION_STREAM, _TUNINGS_STREAM = 0x5EED_BA5E, 0x
 _TUNING_SEED_BITS = 0x7E57_5EED
 
 
-@dataclasses.dataclass
-class Outcome:
-    """A search with its reference and pick: what ``search_and_pick`` leaves."""
-    task: Task
+class Outcome(NamedTuple):
+    """What ``search_and_pick`` leaves: the search, its pick and the trackers, which the caller finishes."""
     searched: Searched
     picked: Optional[dict]   # validation.json's report (None without fitness.validation_top)
+    logger: Logger
 
 
-def make_logger(cfg: RunConfig, run_dir: RunDir, task: Task, config: dict) -> Logger:
-    """The run's trackers (``logger.*``) on process 0; ``config``: the run's config as saved."""
-    return Logger(run_dir.path, config, cfg.es.generations, cfg.logger, write=jax.process_index() == 0,
-                  task_names=task.names)
-
-
-def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Restored, mesh: Any, logger: Logger,
-                    shown: bool, config: dict, tuned: Optional[dict] = None) -> Outcome:
+def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Searched, mesh: Any, shown: bool,
+                    config: dict, tuned: Optional[dict] = None) -> Outcome:
     """The reference, the search scoring against it and the pick, in a run's (or its tuning's) directory."""
+    logger = Logger(run_dir.path, config, cfg.es.generations, cfg.logger, write=jax.process_index() == 0,
+                    task_names=task.names)
+    logger.catch_up(restored.history)
     reference_returns = reference(cfg, task, run_dir, logger.message, shown, tuned and tuned["hyperparameters"])
     _, evo = build_evolution(cfg, task, mesh, reference_returns)
     searched = search(cfg, run_dir, task, evo, restored, logger, shown, config)
     picked = (pick(cfg, task, evo, searched.state, run_dir, shown, logger.message)
               if cfg.fitness.validation_top else None)
     devices.barrier("finished")
-    return Outcome(task, searched, picked)
+    return Outcome(searched, picked, logger)
 
 
 def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown: bool = False,
               tuned: Optional[dict] = None) -> Optional[dict]:
-    """The reference to normalise against (None without ``normalize=baseline``): the directory's for these tasks
-    and this baseline, else measured now (``shown``: with a progress bar; stored by process 0), then described
-    through ``message``. ``tuned``: the tuned hyperparameters ``task``'s baseline trains with."""
+    """reference.json (None without ``normalize=baseline``), measured once so that a resumed run scores as before."""
     # fitness.normalize: null normalises with several tasks, not with one
     if (cfg.fitness.normalize or ("baseline" if len(task.specs) > 1 else "none")) != "baseline":
         return None
@@ -77,21 +67,18 @@ def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown:
         message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
     message(f"normalised fitness = (R - random) / ({'tuned ' if tuned else ''}baseline - random), with 95% intervals: "
             + describe(stored))
-    bad = degenerate(stored)
-    if bad:
+    if bad := degenerate(stored):
         message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this budget, so its "
                 "normalised score has no scale there (the gap's size is used)")
     return stored
 
 
 def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], Any] = lambda: None) -> dict:
-    """``R_base`` and ``R_low`` per task (host floats), means over ``num_seeds`` seeds, with 95% t-intervals
-    (``base_ci``, ``low_ci``: ``[low, high]`` per task). Task i trains from ``task_key(key, i)``, as a member and
-    the control do; ``measured()`` follows each of the ``2 * tasks`` measurements."""
+    """``R_base`` and ``R_low`` per task over ``num_seeds`` seeds, with 95% t-intervals; ``measured()`` after each."""
     base_keys, low_keys = (_stream_keys(seed, stream, num_seeds) for stream in (_BASE_STREAM, _LOW_STREAM))
     stored = {"tasks": task.names, "base": [], "low": [], "base_ci": [], "low_ci": [], "num_seeds": num_seeds,
               "seed": seed}
-    for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):
+    for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):  # keys as a member's: task_key(k, i)
         baseline = devices.over_agents(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"])
         random_play = devices.over_agents(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
                                                                                       spec.env_args or ()))
@@ -105,8 +92,7 @@ def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], An
 
 
 def describe(reference: dict) -> str:
-    """The reference in one line: each baseline's 95% interval with its half-width in % of the baseline-random
-    gap, where it has intervals (older runs' have none)."""
+    """The reference in one line, with each baseline's 95% interval where it has one (older runs' have none)."""
     ci = reference.get("base_ci")
     return "; ".join(
         f"{name} baseline {base:.2f}" + (f" {bracket(ci[i], '.2f')} (+-{50 * (ci[i][1] - ci[i][0]) / gap:.1f}%"
@@ -116,9 +102,7 @@ def describe(reference: dict) -> str:
 
 
 def tuning_config(cfg: RunConfig, run_dir: RunDir, i: int = 0) -> RunConfig:
-    """The search that tunes the baseline: kind hyperparams over ``baseline.tune`` from the configured values,
-    with the run's tasks, fitness and search (``baseline.es`` differing, ``baseline.generations`` long), on a
-    seed of its own, in the tuning's directory, logging to the console and metrics only."""
+    """The search that tunes the baseline (kind hyperparams over ``baseline.tune``), on its own seed and directory."""
     b = cfg.baseline
     es = dataclasses.replace(cfg.es, generations=b.generations or cfg.es.generations, init_mean="init")
     es = config_lib.build(config_lib.ESSection, {**config_lib.to_dict(es), **b.es}, "baseline.es.")
@@ -129,7 +113,7 @@ def tuning_config(cfg: RunConfig, run_dir: RunDir, i: int = 0) -> RunConfig:
 
 
 def pick_trainings(cfg: RunConfig) -> int:
-    """The agents the final pick trains: the kept members and the mean, per fresh seed (and each's control)."""
+    """The agents the final pick trains: the kept members and the mean (and controls), per fresh seed."""
     return (cfg.fitness.validation_top + 1) * cfg.fitness.validation_seeds * (1 + (cfg.fitness.control == "paired")) \
         if cfg.fitness.validation_top else 0
 
@@ -165,14 +149,12 @@ def check_tuning(cfg: RunConfig) -> None:
 
 
 def _tuned_for(cfg: RunConfig, tuned: dict) -> bool:
-    """Whether ``tuned`` (a tuned.json) was tuned over ``cfg``'s ``baseline.tune`` on its tasks."""
     return (tuned.get("search_space") == dict(cfg.baseline.tune)
             and tuned.get("tasks") == [s.name for s in task_specs(cfg)])
 
 
 def tuned_elsewhere(cfg: RunConfig) -> dict:
-    """``baseline.tuned_from``'s tuned.json (with ``from``); ``ConfigError`` unless finished and tuned over this
-    run's space, tasks and untuned inner settings with at least the search's trainings."""
+    """``baseline.tuned_from``'s tuned.json (with ``from``); ``ConfigError`` unless it was tuned as this run would."""
     where = RunDir(cfg.baseline.tuned_from).path.expanduser()
     tuned = RunDir(where).tuned.read()
     if tuned is None:
@@ -186,16 +168,15 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     if cfg.baseline.matched and "matched" not in tuned:
         raise ConfigError(f"baseline.matched: true, but {where} tuned no matched baseline; allowed: false, or a run "
                           "tuned with baseline.matched: true")
-    if tuned["trainings"] < trainings(cfg) + pick_trainings(cfg):
+    needed = trainings(cfg) + pick_trainings(cfg)
+    if tuned["trainings"] < needed:
         raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
-                          f"search's {trainings(cfg) + pick_trainings(cfg):,}; allowed: a tuning at least as large as "
-                          "the search")
-    return {**tuned, "search_trainings": trainings(cfg) + pick_trainings(cfg), "from": str(where.resolve())}
+                          f"search's {needed:,}; allowed: a tuning at least as large as the search")
+    return {**tuned, "search_trainings": needed, "from": str(where.resolve())}
 
 
 def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[dict]:
-    """The tuned baseline (None without ``baseline.tune``): the directory's, else ``baseline.tuned_from``'s, else
-    tuned now in tune/ (kind hyperparams, resumed after a kill, with reference and pick); stored in tuned.json."""
+    """tuned.json (None without ``baseline.tune``): the directory's, else ``baseline.tuned_from``'s, else tuned now."""
     if not cfg.baseline.tune:
         return None
     tuned = run_dir.tuned.read()
@@ -236,48 +217,42 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
                                        for k, v in tuned["hyperparameters"].items())
         + f"; {tuned['trainings']:,} trainings in {tuned['seconds']:.0f} s")
     if spread:
-        say(f"tuned baseline: {spread['chosen_by']}: " + "; ".join(
-            f"{r['run_dir']} {r['fresh_fitness']:.3f} {bracket(r['fresh_ci95'])}"
-            for r in runs) + f"; {best['run_dir']} chosen" + (f", {runs[spread['matched']['chosen']]['run_dir']} the "
-                                                             "evaluation's (matched compute)" if "matched" in spread else ""))
+        matched = runs[spread["matched"]["chosen"]]["run_dir"] if "matched" in spread else None
+        say(f"tuned baseline: {spread['chosen_by']}: "
+            + "; ".join(f"{r['run_dir']} {r['fresh_fitness']:.3f} {bracket(r['fresh_ci95'])}" for r in runs)
+            + f"; {best['run_dir']} chosen" + (f", {matched} the evaluation's (matched compute)" if matched else ""))
     for warning in tuned["warnings"]:
         say(f"warning: tuned baseline: {warning}")
     return tuned
 
 
 def _tune_once(tcfg: RunConfig, mesh: Any, shown: bool) -> dict:
-    """One tuning search in its own directory (continued after a kill), with its reference and pick: its
-    point by name, the pick's fitness, its trainings and seconds, its history and its meta-parameters."""
+    """One tuning search in its own directory (continued after a kill), with its reference and pick."""
     tdir, t = RunDir(tcfg.run_dir), time.perf_counter()
     if jax.process_index() == 0:
         tdir.path.mkdir(exist_ok=True)
     task, evo = build_evolution(tcfg, mesh=mesh)
     restored = restore(tcfg, tdir, evo)
     earlier = sum(r.get("seconds", 0.0) for r in restored.history)  # generations a killed session ran
-    config = tcfg.to_dict()
-    logger = make_logger(tcfg, tdir, task, config)
-    logger.catch_up(restored.history)
-    outcome = search_and_pick(tcfg, tdir, task, restored, mesh, logger, shown, config)
-    logger.finish(outcome.searched.summary())
+    searched, picked, logger = search_and_pick(tcfg, tdir, task, restored, mesh, shown, tcfg.to_dict())
+    logger.finish(searched.summary())
     meta, info = tdir.read_best(task.template)
     return {"hyperparameters": task.kind.values(task.component, meta), "run_dir": tdir.path.name, "seed": tcfg.seed,
             "configured": {name: float(getattr(task.inner_config, name)) for name in task.component.names},
             "tasks": task.names, "picked": info.get("picked", "best member"),
             "fitness": info.get("validation_fitness", info.get("fitness")),
             "fitness_ci95": info.get("validation_ci95"), "fitness_ci95_best_of": info.get("validation_ci95_best_of"),
-            "trainings": trainings(tcfg) + (outcome.picked["trainings"] if outcome.picked else 0),
-            "seconds": time.perf_counter() - t + earlier, "history": outcome.searched.history, "meta": meta}
+            "trainings": trainings(tcfg) + (picked["trainings"] if picked else 0),
+            "seconds": time.perf_counter() - t + earlier, "history": searched.history, "meta": meta}
 
 
 def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, mesh: Any, shown: bool) -> tuple[int, dict, int]:
-    """``(chosen, what tuned.json records of the tunings, trainings per tuning spent here)``: each tuning's point
-    scored on ``fitness.validation_seeds`` seeds of a stream of their own, as the first tuning (``tcfg``) scores its
-    members (against its reference); the best of the first ``baseline.tunings`` becomes the baseline."""
+    """``(chosen, spread, rescore)``: the best of the first ``baseline.tunings`` points, rescored on fresh seeds."""
     n, seeds = cfg.baseline.tunings, tcfg.fitness.validation_seeds
-    _, evo = build_evolution(tcfg, build_task(tcfg), mesh, RunDir(tcfg.run_dir).reference.read())
+    _, evo = build_evolution(tcfg, mesh=mesh, reference=RunDir(tcfg.run_dir).reference.read())
     candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *[r["meta"] for r in runs])
-    fitness, per_seed = (np.asarray(x) for x in _rescore(evo, candidates, _stream_keys(
-        tcfg.seed, _TUNINGS_STREAM, seeds), f"{len(runs)} tuned points", shown))
+    fitness, per_seed = _rescore(evo, candidates, _stream_keys(tcfg.seed, _TUNINGS_STREAM, seeds),
+                                 f"{len(runs)} tuned points", shown)
     rescore, chosen = seeds * (1 + evo.paired), best_finite(fitness[:n])
     for r, f, scores in zip(runs, fitness, per_seed):
         r.update(fresh_fitness=float(f), fresh_ci95=t_bounds(scores))
@@ -297,15 +272,13 @@ def _stream_keys(seed: int, stream: int, n: int):
 
 
 def _rescore(evo: Evolution, candidates, keys, what: str, shown: bool) -> tuple:
-    """``Evolution.rescore`` of ``candidates`` on ``keys`` (fresh seeds), compiled as metarl compiles."""
     with progress(f"scoring {what} on {len(keys)} fresh seeds", enabled=shown):
         return jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(candidates, keys))
 
 
 def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05) -> list[str]:
-    """Signs that a tuning has not found its optimum: a value within ``edge`` of an end of its range (a
-    fraction of the range, on the log scale where the range is one), or a population mean still rising
-    over the last third of the generations (its rise beyond twice the scatter about the fitted line)."""
+    """Signs that a tuning has not found its optimum: a value within ``edge`` (of the range, log where it is) of an
+    end, or a population mean rising over the last third of the generations by more than twice its scatter."""
     found = []
     for name, value in values.items():
         low, high = space[name]["low"], space[name]["high"]
@@ -328,10 +301,7 @@ def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05
 
 def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, shown: bool,
          message: Callable[[str], None]) -> dict:
-    """Score the ``fitness.validation_top`` best members and the search's mean again, as the search did, on
-    ``fitness.validation_seeds`` unused seeds (a stream of the run's seed) and export the best: the best member
-    is the one seed noise flattered most. Writes validation.json and returns it; a resumed run whose pick at this
-    generation is written and exported reads it instead of scoring again."""
+    """Score the best members and the mean again on unused seeds (noise flattered the best most); export the best."""
     report = _picked_earlier(run_dir, int(state.generation), cfg.fitness.validation_seeds)
     if report is not None:
         _say_pick(report, message, "picked earlier")
@@ -363,9 +333,8 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
 
 
 def _picked_earlier(run_dir: RunDir, generation: int, seeds: int) -> Optional[dict]:
-    """validation.json's pick where it was made at ``generation`` (its last candidate, the search's mean, is of the
-    generation picked at) on ``seeds`` seeds (a resume may change fitness.validation_seeds to pick again) and its
-    candidate is the export; else None."""
+    """validation.json's pick if made at ``generation`` (its last candidate's, the mean's) on ``seeds`` seeds (a
+    resume may change fitness.validation_seeds to pick again) and exported; else None."""
     report = run_dir.validation.read()
     if report is None or report["candidates"][-1]["generation"] != generation or report["seeds"] != seeds:
         return None
