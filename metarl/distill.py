@@ -283,7 +283,9 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict, pa
 
     config, value_loss, front = task.inner_config, task.kind is kinds.VALUE_LOSS, report["front"]
     x_name = "error" if value_loss else "ratio"
-    x = np.linspace(*report["ranges"][x_name], 201)
+    # An input training held at one value (the ratio with one epoch of one minibatch) is drawn about it.
+    ranges = {**{n: [v - 0.5, v + 0.5] for n, v in problem.fixed.items()}, **report["ranges"]}
+    x = np.linspace(*ranges[x_name], 201)
     # Inputs not drawn: fitted ones at their visited median, the rest at their one value (or 0).
     base = {n: float(np.median(visited[n])) if n in problem.variables else problem.fixed.get(n, 0.0)
             for n in problem.inputs}

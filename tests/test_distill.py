@@ -137,6 +137,18 @@ def test_a_drift_is_distilled_as_its_learned_part(run):
     assert lo < 1.0 < hi
 
 
+@pytest.mark.timeout(300)
+def test_a_drift_whose_ratio_stays_at_one_is_drawn_about_it(run, tmp_path):
+    """One epoch of one minibatch (the run's trainer): the ratio is 1 throughout, so it is held there, not
+    fitted, and the figure draws the drift over ratios about 1."""
+    task = _with_component(run, {"kind": "policy_objective", "hidden": [4]})
+    meta = task.component.init(jax.random.key(1))
+    report, problem, visited = distill.fit(task, meta, max_size=8, evaluations=2000, samples=200)
+    assert problem.fixed == {"ratio": 1.0} and "ratio" not in report["ranges"]
+    report = {**report, "run_dir": str(run), "generation": 0}
+    check_image(distill.distill_figure(task, meta, problem, report, visited, tmp_path / "d.png"), (1100, 480))
+
+
 def _exit_2(main, args, capsys) -> str:
     with pytest.raises(SystemExit) as stop:
         main(args)
