@@ -110,6 +110,10 @@ def _jobs(master) -> tuple[list[list[str]], bool]:
     values: dict = {}
     for override in parser.parse_overrides([*params, *task]):
         key = override.get_key_element()
+        if override.is_sweep_override() and not override.is_discrete_sweep():  # interval(): sampled, not listed
+            raise ConfigError(f"{key}: {override.input_line.partition('=')[2]} is an interval, which the basic "
+                              "sweeper cannot list; allowed: values a,b, choice(a,b) or range(start,stop,step), or a "
+                              "sweeper that samples intervals, such as hydra/sweeper=optuna")
         values[key] = ([f"{key}={v}" for v in override.sweep_string_iterator()] if override.is_sweep_override()
                        else [f"{key}={override.get_value_element_as_str()}"])
     return [list(job) for job in itertools.product(*values.values())], True

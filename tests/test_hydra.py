@@ -72,6 +72,8 @@ def test_joblib_launcher_runs_a_job_as_the_basic_one_did_and_a_sweep_continues_i
     (["-m", "experiment=value_loss", "seed=0,1", "hydra/launcher=nope"], "hydra/launcher"),
     (["-m", "experiment=value_loss", "seed=0,1", "hydra.job.chdir=true"], "hydra.job.chdir"),
     (["-m", "experiment=value_loss", "seed=0,1", "run_dir=a,b"], "run_dir"),
+    # interval() is sampled by an optimising sweeper; the basic one cannot list its values.
+    (["-m", "experiment=value_loss", "es.lr=interval(0.01,0.1)"], "es.lr"),
     (["-m", "resume={tmp}/run"], "resume"),
     # Without -m, a list of values is refused; with it, hydra.run.dir names the run's directory.
     (["experiment=value_loss", "seed=0,1"], "seed"),
