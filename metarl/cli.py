@@ -83,6 +83,17 @@ def stop_signals_to(handler):
             signal.signal(sig, previous)
 
 
+def ignored_stop_signals() -> str | None:
+    """A note if SIGINT or SIGTERM is ignored, as a run started with & from a script inherits SIGINT."""
+    ignored = [sig.name for sig in STOP_SIGNALS[:2] if signal.getsignal(sig) == signal.SIG_IGN]
+    left = [sig.name for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
+    if not ignored:
+        return None
+    return (f"note: {' and '.join(ignored)} ignored (inherited from the process that started this run, as by & in "
+            f"a script), so it cannot stop the run; {' or '.join(left) or 'nothing but SIGKILL'} still stops it after "
+            "the generation in flight, with a checkpoint, as does SIGINT when the script runs set -m first")
+
+
 def check_existing(cfg, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses any other started directory."""
     config_lib.check_run_dir(str(run_dir))

@@ -19,7 +19,8 @@ from pydantic import TypeAdapter
 from pydantic_core import SchemaValidator, ValidationError
 
 from metarl import experiments
-from metarl.errors import ConfigError, one_line
+from metarl.errors import ConfigError, one_line, suggest
+from metarl.rundir import RUNS
 from metarl.outer_loops.es_config import ESConfig
 from metarl.inner_loops.config_checks import INT32_MAX
 
@@ -190,7 +191,8 @@ def coerce(value, tp, path):
         error = err.errors()[0]
     where, loc, kind = path + ".".join(map(str, error["loc"])), error["loc"], error["type"]
     if kind in ("unexpected_keyword_argument", "invalid_key"):
-        raise ConfigError(f"{where}: unknown setting; allowed: {_keys(tp, loc[:-1])}")
+        raise ConfigError(f"{where}: unknown setting; allowed: {_keys(tp, loc[:-1])}"
+                          + suggest(str(loc[-1]), _keys(tp, loc[:-1]).split(", ")))
     allowed = f"a mapping of {_keys(tp, loc)}" if kind == "dataclass_type" else _ALLOWED.get(kind, error["msg"])
     raise ConfigError(f"{where}: {error['input']!r}; allowed: {allowed}")
 
@@ -245,7 +247,7 @@ OmegaConf.register_new_resolver("metarl_sweep_dir", lambda run_dir, experiment, 
 
 def default_run_dir(experiment: str) -> Path:
     """A new run's directory when ``run_dir`` is not given (made unique when it is taken)."""
-    return Path(f"checkpoints/{experiment}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return RUNS / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def experiment_names() -> list[str]:
@@ -276,7 +278,7 @@ def load(experiment: str, overrides: list[str] = (), config_dir: str | None = No
             HydraConfig.instance().set_config(composed)  # for ${hydra:...}
             return from_composed(composed)
     except (HydraException, OmegaConfBaseException) as err:
-        raise one_line(err) from None
+        raise one_line(err, keys()) from None
 
 
 def with_tuned(cfg: RunConfig, tuned: dict | None) -> RunConfig:
@@ -287,6 +289,12 @@ def with_tuned(cfg: RunConfig, tuned: dict | None) -> RunConfig:
 def from_dict(data: dict) -> RunConfig:
     # Runs saved before user experiments came through --config-dir recorded the folder as a setting.
     return build(RunConfig, {k: v for k, v in data.items() if k != "experiments_dir"})
+
+
+def keys() -> list[str]:
+    """Every key of the config at every level (``es``, ``es.popsize``, ...): what a misspelt key is compared with."""
+    flat = flatten(to_dict(RunConfig(experiment="")))
+    return sorted({key.rsplit(".", n)[0] for key in flat for n in range(key.count(".") + 1)})
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

@@ -125,8 +125,7 @@ def check_arguments(argv: list[str]) -> None:
                      if f == key or key.startswith("--") and f.startswith(key)]
             if not flags:
                 name = key.lstrip("-")
-                known = [k for k in config_lib.flatten(config_lib.to_dict(config_lib.RunConfig(experiment="")))
-                         if k == name or k.endswith(f".{name}")]
+                known = [k for k in config_lib.keys() if k == name or k.endswith(f".{name}")]
                 fail(f"argument {arg!r}: not a flag of metarl.evolve; allowed: overrides KEY=VALUE without dashes, "
                      f"such as {(known or [name])[0]}={value or 'VALUE'}, and Hydra's flags --help, --cfg, -m, "
                      "--config-dir, --config-name, ... (--hydra-help lists them)")
@@ -153,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app()  # a sweep ends with its exit code (RunHooks.on_multirun_end)
     except (ConfigError, HydraException, OmegaConfBaseException) as err:  # bad input: one line, exit code 2
-        fail(str(err) if isinstance(err, ConfigError) else str(errors.one_line(err)))
+        fail(str(err) if isinstance(err, ConfigError) else str(errors.one_line(err, config_lib.keys())))
     except ValueError as err:  # Hydra's reading of the command line; the task's own (a frame of app): a traceback
         if any(frame.f_code is app.__wrapped__.__code__ for frame, _ in traceback.walk_tb(err.__traceback__)):
             raise
-        fail(str(errors.one_line(err)))
+        fail(str(errors.one_line(err, config_lib.keys())))
     return 0
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from metarl import config as config_lib, devices, errors, rundir, stages
-from metarl.cli import check_existing, fail
+from metarl.cli import check_existing, fail, ignored_stop_signals
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import check_mlflow, say
@@ -48,6 +49,23 @@ def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored:
         logger.log_results(written, best, run_dir.read_best()[1] if best else None)
     logger.finish(summary)
     return summary
+
+
+def closing_lines(run_dir: RunDir, generations: int) -> list[str]:
+    """What a finished run leaves: its best member and where it is exported, the population's mean, what next."""
+    lines = [f"done: {generations} generations in {run_dir}"]
+    if exported := run_dir.best_files:
+        info = run_dir.read_best()[1]
+        picked = f" on fresh seeds ({info['picked']})" if "picked" in info else ""
+        lines.append(f"best member: fitness {info.get('validation_fitness', info['fitness']):.2f}{picked}, found in "
+                     f"generation {info['generation']}; exported to {exported[0]}")
+    if records := run_dir.metrics():
+        means = np.array([np.nan if r["mean"] is None else r["mean"] for r in records], float)
+        peak = int(np.argmax(np.nan_to_num(means, nan=-np.inf)))
+        lines.append(f"population mean: peak {means[peak]:.2f} at generation {records[peak]['generation']}, "
+                     f"last {means[-1]:.2f}")
+    return lines + [f"next: python -m metarl.evaluate run_dir={run_dir} (the best member against the baseline, on "
+                    "fresh seeds)", f"next: python -m metarl.inspect run_dir={run_dir} (figures of the run)"]
 
 
 def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
@@ -105,6 +123,8 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -
         if jax.process_index() == 0:
             RunDir(run_dir).write_config(cfg.to_dict())
             say(f"run directory: {run_dir}")
+            if note := ignored_stop_signals():
+                say(note)
         try:
             summary = run(cfg, run_dir, task, restored, evo.mesh)
         except Interrupted as stop:
@@ -115,8 +135,7 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -
         except CheckpointError as err:
             fail(str(err))
         if jax.process_index() == 0:
-            say(f"done: {summary['generations']} generations; mean fitness {summary['first_mean']:.2f} -> "
-                f"{summary['last_mean']:.2f}; best {summary['best_so_far']:.2f}; results in {run_dir}")
+            say("\n".join(closing_lines(RunDir(run_dir), summary["generations"])))
         return 0
     finally:
         if lock is not None:  # a sweep runs its next job in this process; a lone run is about to exit

@@ -17,6 +17,7 @@ from filelock import FileLock, Timeout
 
 from metarl.errors import ConfigError
 
+RUNS = Path("checkpoints")            # where a run goes unless run_dir names its directory
 CONFIG = "config.yaml"                # the resolved config; ``resume=RUN_DIR`` continues from it
 METRICS = "metrics.jsonl"             # one strict-JSON record per generation
 REFERENCE = "reference.json"          # the reference returns a normalised fitness scores against
@@ -106,12 +107,16 @@ class RunDir(os.PathLike):
     def has_config(self) -> bool:
         return (self.path / CONFIG).is_file()
 
-    def require_run(self) -> None:
-        """``ConfigError`` unless this is a run's directory."""
-        if not self.path.is_dir():
-            raise ConfigError(f"{self.path}: no such directory")
-        if not self.has_config():
-            raise ConfigError(f"{self.path}: not a metarl run directory (no {CONFIG})")
+    def require_run(self, field: str = "run_dir") -> None:
+        """``ConfigError`` naming ``field`` unless this is a run's directory; it names the latest runs in this
+        directory, beside it or in ``checkpoints/``."""
+        if self.has_config():
+            return
+        near = (self.path if self.path.is_dir() else self.path.parent, RUNS)
+        runs = next((found for folder in near if (found := latest_runs(folder))), [])
+        what = f"not a metarl run directory (no {CONFIG})" if self.path.is_dir() else "no such directory"
+        raise ConfigError(f"{field}: {self.path}: {what}; allowed: a run's directory" + (
+            f", such as the latest: {', '.join(map(str, runs))}" if runs else f" (it holds {CONFIG})"))
 
     def started(self) -> bool:
         """Whether it holds more than what precedes a run: the lock and Hydra's ``.hydra/`` and ``.log``."""
@@ -132,10 +137,9 @@ class RunDir(os.PathLike):
     def read_config(self, field: Optional[str] = None) -> dict:
         """``config.yaml`` as plain data, unchecked; ``ConfigError``, naming ``field``, if missing or no mapping."""
         from omegaconf import OmegaConf
+        self.require_run(field or "run_dir")
         path = self.path / CONFIG
         where = f"{field}: {path}" if field else path
-        if not path.is_file():
-            raise ConfigError(f"{where}: missing; allowed: a metarl run directory (it holds {CONFIG})")
         try:
             data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
         except Exception as err:  # YAML or OmegaConf: anything unreadable is the same error here
@@ -184,6 +188,12 @@ class RunDir(os.PathLike):
         params = serialization.msgpack_restore((self.path / BEST_PARAMS).read_bytes())
         info = json.loads((self.path / BEST_INFO).read_text())
         return (params if template is None else serialization.from_state_dict(template, params)), info
+
+
+def latest_runs(folder: Path, n: int = 3) -> list[Path]:
+    """The ``n`` run directories in ``folder`` changed last, the latest first."""
+    runs = [p for p in folder.iterdir() if RunDir(p).has_config()] if folder.is_dir() else []
+    return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)[:n]
 
 
 def _is_key(x) -> bool:
