@@ -29,7 +29,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
     """``function(RUN_DIR, **options)``, options read as ``metarl.evolve`` reads its own, printed by ``show``."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
+        print(usage.replace("``", ""))  # the module's docstring, without reStructuredText's literal quotes
         raise SystemExit(0 if argv else EXIT_BAD_INPUT)
     keys = list(inspect.signature(function).parameters)
     hints = typing.get_type_hints(function)
@@ -53,7 +53,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
                 options[key] = config_lib.coerce(value, hints[key], key)
         if "run_dir" not in options:
             raise ConfigError("run_dir: not given; allowed: run_dir=PATH, the directory of a run")
-        check_run_to_read(options["run_dir"])
+        RunDir(options["run_dir"]).require_run()
     except ConfigError as err:
         fail(str(err))
     try:
@@ -63,10 +63,6 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
     if text := show(result):
         print(text)
     return 0
-
-
-def check_run_to_read(run_dir: str | Path) -> None:  # ConfigError if it is not a run's directory
-    RunDir(run_dir).require_run()
 
 
 @contextlib.contextmanager
@@ -83,15 +79,13 @@ def stop_signals_to(handler):
             signal.signal(sig, previous)
 
 
-def ignored_stop_signals() -> str | None:
-    """A note if SIGINT or SIGTERM is ignored, as a run started with & from a script inherits SIGINT."""
-    ignored = [sig.name for sig in STOP_SIGNALS[:2] if signal.getsignal(sig) == signal.SIG_IGN]
-    left = [sig.name for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN]
-    if not ignored:
-        return None
-    return (f"note: {' and '.join(ignored)} ignored (inherited from the process that started this run, as by & in "
-            f"a script), so it cannot stop the run; {' or '.join(left) or 'nothing but SIGKILL'} still stops it after "
-            "the generation in flight, with a checkpoint, as does SIGINT when the script runs set -m first")
+def ignored_stop_signals() -> str:
+    """A note if SIGINT or SIGTERM is ignored (a run started with & from a script inherits SIGINT ignored)."""
+    ignored = " and ".join(sig.name for sig in STOP_SIGNALS[:2] if signal.getsignal(sig) == signal.SIG_IGN)
+    others = " or ".join(sig.name for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN)
+    return ignored and (f"note: {ignored} ignored (inherited, as by a run started with & from a script), "
+                        f"so it cannot stop this run; {others} still stops it after the generation in flight, with a "
+                        "checkpoint (in a script, set -m before the run keeps SIGINT)")
 
 
 def check_existing(cfg, run_dir: Path) -> bool:

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import os
-import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_module
@@ -20,7 +19,6 @@ from pydantic_core import SchemaValidator, ValidationError
 
 from metarl import experiments
 from metarl.errors import ConfigError, one_line, suggest
-from metarl.rundir import RUNS
 from metarl.outer_loops.es_config import ESConfig
 from metarl.inner_loops.config_checks import INT32_MAX
 
@@ -243,11 +241,6 @@ ConfigStore.instance().store(name="metarl_schema", node=_schema)
 # A sweep's directory: ``run_dir``, else ``checkpoints/NAME-DATE-sweep`` (Hydra's ``now``, carried to every job).
 OmegaConf.register_new_resolver("metarl_sweep_dir", lambda run_dir, experiment, date: run_dir or
                                 f"checkpoints/{experiment or 'sweep'}-{date}-sweep", replace=True)
-
-
-def default_run_dir(experiment: str) -> Path:
-    """A new run's directory when ``run_dir`` is not given (made unique when it is taken)."""
-    return RUNS / f"{experiment}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def experiment_names() -> list[str]:

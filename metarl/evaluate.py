@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from metarl import config as config_lib, payoff, results, stats
-from metarl.cli import check_run_to_read, run_command
+from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.fitness import spans
@@ -198,7 +198,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         raise ConfigError(f"num_seeds: {num_seeds}; allowed: >= 2 (a confidence interval needs two)")
     if total_timesteps is not None and total_timesteps <= 0:
         raise ConfigError(f"total_timesteps: {total_timesteps}; allowed: > 0")
-    check_run_to_read(run_dir)
+    RunDir(run_dir).require_run()
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from metarl import config as config_lib, devices, errors, rundir, stages
 from metarl.cli import check_existing, fail, ignored_stop_signals
@@ -56,16 +55,15 @@ def closing_lines(run_dir: RunDir, generations: int) -> list[str]:
     lines = [f"done: {generations} generations in {run_dir}"]
     if exported := run_dir.best_files:
         info = run_dir.read_best()[1]
-        picked = f" on fresh seeds ({info['picked']})" if "picked" in info else ""
-        lines.append(f"best member: fitness {info.get('validation_fitness', info['fitness']):.2f}{picked}, found in "
-                     f"generation {info['generation']}; exported to {exported[0]}")
-    if records := run_dir.metrics():
-        means = np.array([np.nan if r["mean"] is None else r["mean"] for r in records], float)
-        peak = int(np.argmax(np.nan_to_num(means, nan=-np.inf)))
-        lines.append(f"population mean: peak {means[peak]:.2f} at generation {records[peak]['generation']}, "
-                     f"last {means[-1]:.2f}")
-    return lines + [f"next: python -m metarl.evaluate run_dir={run_dir} (the best member against the baseline, on "
-                    "fresh seeds)", f"next: python -m metarl.inspect run_dir={run_dir} (figures of the run)"]
+        lines.append(f"best member: fitness {info.get('validation_fitness', info['fitness']):.2f}"
+                     f"{' on fresh seeds' * ('picked' in info)}, found in generation {info['generation']}; "
+                     f"exported to {exported[0]}")
+    if means := [r for r in run_dir.metrics() if r["mean"] is not None]:
+        peak = max(means, key=lambda r: r["mean"])
+        lines.append(f"population mean: peak {peak['mean']:.2f} at generation {peak['generation']}, last "
+                     f"{means[-1]['mean']:.2f}")
+    return lines + [f"next: python -m metarl.{command} run_dir={run_dir}   ({what})" for command, what in
+                    (("evaluate", "the best member against the baseline, on fresh seeds"), ("inspect", "figures"))]
 
 
 def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:

@@ -108,15 +108,16 @@ class RunDir(os.PathLike):
         return (self.path / CONFIG).is_file()
 
     def require_run(self, field: str = "run_dir") -> None:
-        """``ConfigError`` naming ``field`` unless this is a run's directory; it names the latest runs in this
-        directory, beside it or in ``checkpoints/``."""
+        """``ConfigError`` naming ``field`` unless this is a run's directory, naming the latest runs in it, beside it
+        or in ``checkpoints/``."""
         if self.has_config():
             return
-        near = (self.path if self.path.is_dir() else self.path.parent, RUNS)
-        runs = next((found for folder in near if (found := latest_runs(folder))), [])
+        near = [f for f in (self.path if self.path.is_dir() else self.path.parent, RUNS) if f.is_dir()]
+        runs = next((found for f in near if (found := [p for p in f.iterdir() if RunDir(p).has_config()])), [])
+        latest = ", ".join(map(str, sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)[:3]))
         what = f"not a metarl run directory (no {CONFIG})" if self.path.is_dir() else "no such directory"
-        raise ConfigError(f"{field}: {self.path}: {what}; allowed: a run's directory" + (
-            f", such as the latest: {', '.join(map(str, runs))}" if runs else f" (it holds {CONFIG})"))
+        raise ConfigError(f"{field}: {self.path}: {what}; allowed: a run's directory"
+                          + (f", such as the latest: {latest}" if latest else f" (it holds {CONFIG})"))
 
     def started(self) -> bool:
         """Whether it holds more than what precedes a run: the lock and Hydra's ``.hydra/`` and ``.log``."""
@@ -188,12 +189,6 @@ class RunDir(os.PathLike):
         params = serialization.msgpack_restore((self.path / BEST_PARAMS).read_bytes())
         info = json.loads((self.path / BEST_INFO).read_text())
         return (params if template is None else serialization.from_state_dict(template, params)), info
-
-
-def latest_runs(folder: Path, n: int = 3) -> list[Path]:
-    """The ``n`` run directories in ``folder`` changed last, the latest first."""
-    runs = [p for p in folder.iterdir() if RunDir(p).has_config()] if folder.is_dir() else []
-    return sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)[:n]
 
 
 def _is_key(x) -> bool:
