@@ -45,7 +45,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
             key = override.key_or_group
             if key not in keys or override.is_sweep_override() or override.is_delete():
                 raise ConfigError(f"argument {arg!r}: not a setting of this command; allowed: "
-                                  f"{', '.join(f'{k}=' for k in keys)}")
+                                  f"{', '.join(f'{k}=' for k in keys)}{errors.suggest(key, keys)}")
             value = override.value()
             if key == "run_dir":  # a path as written (``run_dir=1e3`` names the directory 1e3, not 1000.0)
                 options[key] = value if isinstance(value, str) else arg.split("=", 1)[1]
@@ -77,15 +77,6 @@ def stop_signals_to(handler):
     finally:
         for sig, previous in old.items():
             signal.signal(sig, previous)
-
-
-def ignored_stop_signals() -> str:
-    """A note if SIGINT or SIGTERM is ignored (a run started with & from a script inherits SIGINT ignored)."""
-    ignored = " and ".join(sig.name for sig in STOP_SIGNALS[:2] if signal.getsignal(sig) == signal.SIG_IGN)
-    others = " or ".join(sig.name for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN)
-    return ignored and (f"note: {ignored} ignored (inherited, as by a run started with & from a script), "
-                        f"so it cannot stop this run; {others} still stops it after the generation in flight, with a "
-                        "checkpoint (in a script, set -m before the run keeps SIGINT)")
 
 
 def check_existing(cfg, run_dir: Path) -> bool:

@@ -286,8 +286,8 @@ def from_dict(data: dict) -> RunConfig:
 
 def keys() -> list[str]:
     """Every key of the config at every level (``es``, ``es.popsize``, ...): what a misspelt key is compared with."""
-    flat = flatten(to_dict(RunConfig(experiment="")))
-    return sorted({key.rsplit(".", n)[0] for key in flat for n in range(key.count(".") + 1)})
+    return sorted({key.rsplit(".", n)[0] for key in flatten(to_dict(RunConfig(experiment="")))
+                   for n in range(key.count(".") + 1)})
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

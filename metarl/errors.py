@@ -42,13 +42,12 @@ def layer_errors(where: str | Callable[[str], str]):
 
 def suggest(name: str, names: Iterable[str]) -> str:
     """`` (did you mean X?)`` for the names closest to a misspelt ``name`` (difflib), else nothing."""
-    close = difflib.get_close_matches(name, list(names), n=3)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
+    close = " or ".join(difflib.get_close_matches(name, list(names), n=3))
+    return close and f" (did you mean {close}?)"
 
 
 def one_line(err: Exception, keys: Iterable[str] = ()) -> ConfigError:
-    """Hydra's or OmegaConf's error as one line naming OmegaConf's key, Hydra's override or the missing experiment;
-    a misspelt key or group option gets the closest of ``keys`` (the config's) or of the group's options."""
+    """Hydra's or OmegaConf's error as one line naming the key, override or group; a misspelt name's closest ones."""
     first = (str(err).strip() or type(err).__name__).splitlines()[0].rstrip(".")
     named = re.search(r"(?:override|argument) '?\+*([^'= ]+)=", first) or re.search(r"override '\+*([^']+)'", first)
     key = (getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
@@ -56,9 +55,8 @@ def one_line(err: Exception, keys: Iterable[str] = ()) -> ConfigError:
     if missing := re.search(r"Could not find '(.+)/([^/']+)'", first):  # a group's option: Hydra lists the others
         listed = str(err).split("Available options", 1)[-1].split("Config search path", 1)[0]
         options = [line.strip() for line in listed.splitlines() if line.startswith("\t")]
-        key, allowed = missing[1], ", ".join(options) + (" (or --config-dir DIR for your own)"
-                                                         if missing[1] == "experiment" else "")
-        allowed += suggest(missing[2], options)
+        key, own = missing[1], " (or --config-dir DIR for your own)" * (missing[1] == "experiment")
+        allowed = ", ".join(options) + own + suggest(missing[2], options)
     elif "Additional config directory" in first:
         key, allowed = "--config-dir", "a folder that holds your experiment/NAME.yaml files"
     elif "Could not override" in first or "not in struct" in first:

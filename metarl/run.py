@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from metarl import config as config_lib, devices, errors, rundir, stages
-from metarl.cli import check_existing, fail, ignored_stop_signals
+from metarl.cli import STOP_SIGNALS, check_existing, fail
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import check_mlflow, say
@@ -121,8 +121,10 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -
         if jax.process_index() == 0:
             RunDir(run_dir).write_config(cfg.to_dict())
             say(f"run directory: {run_dir}")
-            if note := ignored_stop_signals():
-                say(note)
+            if ignored := " and ".join(s.name for s in STOP_SIGNALS[:2] if signal.getsignal(s) == signal.SIG_IGN):
+                say(f"note: {ignored} ignored (inherited, as by & in a script), so it cannot stop this run; "
+                    f"{' or '.join(s.name for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN)} still "
+                    "stops it after the generation in flight, with a checkpoint (set -m in the script keeps SIGINT)")
         try:
             summary = run(cfg, run_dir, task, restored, evo.mesh)
         except Interrupted as stop:

@@ -108,16 +108,14 @@ class RunDir(os.PathLike):
         return (self.path / CONFIG).is_file()
 
     def require_run(self, field: str = "run_dir") -> None:
-        """``ConfigError`` naming ``field`` unless this is a run's directory, naming the latest runs in it, beside it
-        or in ``checkpoints/``."""
-        if self.has_config():
-            return
-        near = [f for f in (self.path if self.path.is_dir() else self.path.parent, RUNS) if f.is_dir()]
-        runs = next((found for f in near if (found := [p for p in f.iterdir() if RunDir(p).has_config()])), [])
-        latest = ", ".join(map(str, sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)[:3]))
-        what = f"not a metarl run directory (no {CONFIG})" if self.path.is_dir() else "no such directory"
-        raise ConfigError(f"{field}: {self.path}: {what}; allowed: a run's directory"
-                          + (f", such as the latest: {latest}" if latest else f" (it holds {CONFIG})"))
+        """``ConfigError`` naming ``field`` unless this is a run's directory, and the latest runs in or beside it."""
+        if not self.has_config():
+            near = [f for f in (self.path if self.path.is_dir() else self.path.parent, RUNS) if f.is_dir()]
+            runs = next((found for f in near if (found := [p for p in f.iterdir() if RunDir(p).has_config()])), [])
+            latest = ", ".join(map(str, sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)[:3]))
+            what = f"not a metarl run directory (no {CONFIG})" if self.path.is_dir() else "no such directory"
+            raise ConfigError(f"{field}: {self.path}: {what}; allowed: a run's directory"
+                              + (f", such as the latest: {latest}" if latest else f" (it holds {CONFIG})"))
 
     def started(self) -> bool:
         """Whether it holds more than what precedes a run: the lock and Hydra's ``.hydra/`` and ``.log``."""
