@@ -139,3 +139,7 @@ def test_the_readme_lists_what_a_default_run_writes_and_prints(tiny_value_loss_r
     for line in sample.strip().splitlines():
         assert any(shape(line) == p or line.startswith("gen ") and shape(line).startswith(p + " |")
                    for p in printed), line
+    # ... and are what the quick start printed in the run the README links to.
+    record = (REPO / "docs" / "runs" / "value_loss" / "evolve.log").read_text().splitlines()
+    assert set(sample.strip().splitlines()) <= set(record)
+    assert "](docs/runs/value_loss/)" in _readme_section("Quick start")
