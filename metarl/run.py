@@ -62,8 +62,8 @@ def closing_lines(run_dir: RunDir, generations: int) -> list[str]:
         peak = max(means, key=lambda r: r["mean"])
         lines.append(f"population mean: peak {peak['mean']:.2f} at generation {peak['generation']}, last "
                      f"{means[-1]['mean']:.2f}")
-    return lines + [f"next: python -m metarl.{command} run_dir={run_dir}   ({what})" for command, what in
-                    (("evaluate", "the best member against the baseline, on fresh seeds"), ("inspect", "figures"))]
+    return lines + [f"next: python -m metarl.evaluate run_dir={run_dir}  (the best member against the baseline, on "
+                    "fresh seeds)", f"next: python -m metarl.inspect run_dir={run_dir}  (figures in {run_dir.figures})"]
 
 
 def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
