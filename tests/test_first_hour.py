@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import TINY, env_vars, evolve, run_module
+from clihelp import TINY, env_vars, run_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,16 +62,17 @@ def test_a_run_started_with_sigint_ignored_says_so_and_sigterm_still_stops_it(tm
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("typo, named, suggestion", [
-    ("experiment=value_los", "error: experiment: ", "(did you mean value_loss or "),
-    ("es.popsze=8", "error: es.popsze: ", "(did you mean es.popsize"),
-    ("loger.progress=false", "error: loger: ", "(did you mean logger.progress"),
-    ("hydra/launcher=jobli", "error: hydra/launcher: ", "allowed: basic, joblib (did you mean joblib?)"),
-    ("inner.num_envz=2", "error: inner.num_envz: ", "(did you mean num_envs?)"),
+@pytest.mark.parametrize("module, typo, named, suggestion", [
+    ("metarl.evolve", "experiment=value_los", "error: experiment: ", "(did you mean value_loss or "),
+    ("metarl.evolve", "es.popsze=8", "error: es.popsze: ", "(did you mean es.popsize"),
+    ("metarl.evolve", "loger.progress=false", "error: loger: ", "(did you mean logger.progress"),
+    ("metarl.evolve", "hydra/launcher=jobli", "error: hydra/launcher: ", "basic, joblib (did you mean joblib?)"),
+    ("metarl.evolve", "inner.num_envz=2", "error: inner.num_envz: ", "(did you mean num_envs?)"),
+    ("metarl.inspect", "error_rang=2", "error: argument 'error_rang=2': ", "(did you mean error_range?)"),
 ])
-def test_a_typo_gets_did_you_mean_in_the_same_one_line(tmp_path, typo, named, suggestion):
-    args = ([] if typo.startswith("experiment=") else ["experiment=value_loss"]) + [typo]
-    proc = evolve([*args, f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120)
+def test_a_typo_gets_did_you_mean_in_the_same_one_line(tmp_path, module, typo, named, suggestion):
+    args = ([] if typo.startswith("experiment=") or module != "metarl.evolve" else ["experiment=value_loss"]) + [typo]
+    proc = run_module(module, [*args, f"run_dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith(named) and "; allowed: " in lines[0] and suggestion in lines[0], lines[0]
