@@ -4,6 +4,7 @@ of what a run writes."""
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clihelp import TINY, env_vars, run_module
+from clihelp import TINY, alive, env_vars, run_module
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,14 +36,16 @@ def test_a_run_closes_with_its_best_member_the_population_mean_and_the_next_comm
 
 @pytest.mark.timeout(300)
 def test_a_run_started_with_sigint_ignored_says_so_and_sigterm_still_stops_it(tmp_path):
-    # What `python -m metarl.evolve ... &` in a script without `set -m` inherits: SIGINT ignored.
+    # As the issue found it: `python -m metarl.evolve ... &` in a script, where bash (without `set -m`) starts the
+    # background command with SIGINT ignored.
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "metarl.evolve", "experiment=value_loss", *TINY,
-                             "es.generations=100000", f"run_dir={run_dir}"], cwd=tmp_path, env=env_vars(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    command = shlex.join([sys.executable, "-m", "metarl.evolve", "experiment=value_loss", *TINY,
+                          "es.generations=100000", f"run_dir={run_dir}"])
+    proc = subprocess.Popen(["bash", "-c", f'{command} & echo "pid $!"; wait $!'], cwd=tmp_path, env=env_vars(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
     try:
-        lines = []
+        pid, lines = int(proc.stdout.readline().split()[1]), []
         for line in proc.stdout:
             lines.append(line)
             if line.startswith("gen "):  # the loop, and its stop handlers, have started
@@ -50,13 +53,15 @@ def test_a_run_started_with_sigint_ignored_says_so_and_sigterm_still_stops_it(tm
         note = next((line for line in lines if line.startswith("note: SIGINT ignored")), None)
         assert note is not None, "".join(lines)
         assert "SIGTERM or SIGHUP still stops it" in note and "set -m" in note
-        proc.send_signal(signal.SIGINT)
+        os.kill(pid, signal.SIGINT)
         time.sleep(2)
-        assert proc.poll() is None  # as the note says: SIGINT does nothing
-        proc.send_signal(signal.SIGTERM)
+        assert proc.poll() is None and alive(pid)  # as the note says: SIGINT does nothing
+        os.kill(pid, signal.SIGTERM)
         _, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
+        if pid is not None and alive(pid):  # a failure above: the run would go on alone
+            os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in stderr, stderr
     assert (run_dir / "ckpt").is_dir()
 
