@@ -31,7 +31,6 @@ def test_a_run_closes_with_its_best_member_the_population_mean_and_the_next_comm
         f"population mean: peak {means[peak]:.2f} at generation {peak + 1}, last {means[-1]:.2f}",
         f"next: python -m metarl.evaluate run_dir={run_dir}  (the best member against the baseline, on fresh seeds)",
         f"next: python -m metarl.inspect run_dir={run_dir}  (figures in {run_dir / 'figures'})"], proc.stdout
-    assert "ignored" not in proc.stdout  # started with the stop signals at their defaults
 
 
 @pytest.mark.timeout(300)
