@@ -16,7 +16,8 @@ The final return of a seed, the same for both sides of a row:
 
 - PPO and DPO: the mean return of the episodes that ended during the last 10% of updates (metarl's
   per-update ``episode_return`` weighted by ``episodes``; PureJaxRL's per-step ``returned_episode_returns``
-  where ``returned_episode``);
+  where ``returned_episode``); where none ended there (Freeway's episodes are 2,500 steps), metarl's
+  latest ended episodes' mean (it only arises in ``dpo-minatar``, where both sides are metarl's);
 - DQN: the greedy policy of the final parameters, mean return over 32 fresh episodes (PureJaxRL's DQN
   records only each env's last episode return, so no training statistic is defined alike for both).
 
@@ -190,7 +191,10 @@ def ppo_side(side: str, pjr: dict, env: str, total: int, ablation: str):
 
     def final(seeds):
         _, m = jax.jit(jax.vmap(lambda k: one(k, meta)))(jax.vmap(jax.random.key)(seeds))
-        return episodes_mean(m["episode_return"][:, -window:], m["episodes"][:, -window:], axis=1)
+        ended = episodes_mean(m["episode_return"][:, -window:], m["episodes"][:, -window:], axis=1)
+        # Where no episode ended in the window (Freeway's run 2,500 steps), the latest that did:
+        # metarl's episode_return carries it over.
+        return np.where(np.isnan(ended), m["episode_return"][:, -1], ended)
     return final, {f: getattr(config, f) for f in config.__dataclass_fields__}
 
 

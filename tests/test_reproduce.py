@@ -1,0 +1,140 @@
+"""benchmarks/reproduce.py: its pre-stated test decides the verdict, its command refuses bad input in one
+line, and docs/studies/reproductions.md prints what its records say (no training anywhere here)."""
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import reproduce
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGE = os.path.join(ROOT, "docs", "studies", "reproductions.md")
+
+
+def sample(mean, spread, n=16, seed=0):
+    return mean + spread * np.random.default_rng(seed).standard_normal(n)
+
+
+def test_equivalence_needs_the_whole_interval_inside_the_margin():
+    peer = sample(100.0, 1.0, seed=1)
+    assert reproduce.decide(sample(101.0, 1.0), peer, 0.05)["verdict"] == "equivalent"
+    assert reproduce.decide(sample(80.0, 1.0), peer, 0.05)["verdict"] == "different"
+    assert reproduce.decide(sample(112.0, 1.0), peer, 0.05)["verdict"] == "different"
+    # The means agree, but the seeds are too noisy to show it: not equivalent.
+    noisy = reproduce.decide(sample(100.0, 30.0), sample(100.0, 30.0, seed=1), 0.05)
+    assert noisy["verdict"] == "inconclusive" and noisy["interval"][0] < 0.95 < noisy["interval"][1]
+
+
+def test_the_peers_own_noise_widens_the_interval():
+    exact = np.full(16, 100.0)
+    tight = reproduce.decide(sample(100.0, 5.0), exact + np.linspace(-1e-3, 1e-3, 16), 0.05)
+    both = reproduce.decide(sample(100.0, 5.0), sample(100.0, 5.0)[::-1], 0.05)  # the same spread on both sides
+    width = lambda d: d["interval"][1] - d["interval"][0]  # noqa: E731
+    assert width(both) > 1.25 * width(tight)  # about sqrt(2): both sides' seeds are resampled
+
+
+def test_direction_over_games():
+    ppo = np.stack([sample(10.0, 1.0, seed=s) for s in range(4)], axis=1)
+    better = np.stack([sample(13.0, 1.0, seed=10 + s) for s in range(4)], axis=1)
+    assert reproduce.decide(better, ppo, None)["verdict"] == "reproduced"
+    assert reproduce.decide(ppo, better, None)["verdict"] == "contradicted"
+    assert reproduce.decide(ppo, np.stack([sample(10.0, 1.0, seed=20 + s) for s in range(4)], 1),
+                            None)["verdict"] == "inconclusive"
+
+
+def tiny_record(first, second, margin=0.05, games=None):
+    if games is None:
+        sides = {"metarl": {"env": "CartPole-v1", "per_seed": list(first), "seconds": [1.0]},
+                 "purejaxrl": {"env": "CartPole-v1", "per_seed": list(second), "seconds": [1.0]}}
+        test = {"test": "equivalence (TOST)", "level": 0.9, "margin": margin}
+    else:
+        sides = {f"{side}/{g}": {"env": g, "per_seed": list(v[:, i]), "seconds": [1.0]}
+                 for side, v in (("dpo", first), ("ppo", second)) for i, g in enumerate(games)}
+        test = {"test": "direction", "level": 0.95}
+    return {"task": "t", "total_timesteps": 1000, "seeds": len(first), "test": test, "sides": sides,
+            "verdict": {}}
+
+
+def test_a_record_is_decided_first_side_over_second_per_game():
+    record = tiny_record(sample(100.0, 1.0), sample(80.0, 1.0, seed=1))
+    assert reproduce.verdict_of(record)["verdict"] == "different"
+    assert reproduce.verdict_of(record)["ratio"] > 1.2
+    games = ("A", "B")
+    dpo = np.stack([sample(12.0, 1.0, seed=s) for s in range(2)], axis=1)
+    ppo = np.stack([sample(10.0, 1.0, seed=5 + s) for s in range(2)], axis=1)
+    assert reproduce.verdict_of(tiny_record(dpo, ppo, games=games))["verdict"] == "reproduced"
+    assert reproduce.verdict_of(tiny_record(ppo, dpo, games=games))["verdict"] == "contradicted"
+
+
+def test_episodes_mean_weights_by_episodes_and_is_nan_where_none_ended():
+    returns = np.array([[10.0, 20.0, 99.0]])
+    ended = np.array([[1, 3, 0]])
+    assert reproduce.episodes_mean(returns, ended, axis=1)[0] == pytest.approx(17.5)
+    assert np.isnan(reproduce.episodes_mean(returns, np.zeros_like(ended), axis=1)[0])
+
+
+def command(*args):
+    env = {k: v for k, v in os.environ.items() if k != "METARL_PUREJAXRL"}
+    return subprocess.run([sys.executable, "-m", "benchmarks.reproduce", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args, field", [
+    (["ppo-hopper", "--out", "{tmp}/r.json"], "task"),
+    (["ppo-cartpole", "--seeds", "1", "--out", "{tmp}/r.json"], "--seeds"),
+    (["ppo-cartpole", "--total-timesteps", "0", "--out", "{tmp}/r.json"], "--total-timesteps"),
+    (["ppo-cartpole", "--ablation", "frozen", "--out", "{tmp}/r.json"], "--ablation"),
+    (["dqn-cartpole", "--ablation", "time-limit-terminal", "--out", "{tmp}/r.json"], "--ablation"),
+    (["ppo-cartpole", "--out", "{tmp}/exists.json"], "--out"),
+    (["ppo-cartpole", "--out", "{tmp}/no/such/folder.json"], "--out"),
+    (["ppo-cartpole", "--seeds", "many", "--out", "{tmp}/r.json"], "--seeds"),
+])
+def test_bad_input_is_one_line_naming_the_field(tmp_path, args, field):
+    (tmp_path / "exists.json").write_text("{}")
+    proc = command(*[a.format(tmp=tmp_path) for a in args])
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"reproduce: error: {field}") or f" {field}" in proc.stderr
+    assert (tmp_path / "exists.json").read_text() == "{}"  # nothing written over
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_without_a_peer_checkout_it_says_so_in_one_line(tmp_path):
+    proc = command("ppo-cartpole", "--seeds", "2", "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--purejaxrl DIR" in proc.stderr
+
+
+def rendered(paths):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        reproduce.table(paths)
+    return out.getvalue()
+
+
+def test_the_page_prints_what_its_records_say():
+    """Each ``<!-- table: RECORD ... -->`` block of the page is ``reproduce table RECORD ...``'s output."""
+    with open(PAGE) as f:
+        page = f.read()
+    blocks = re.findall(r"<!-- table: (.+?) -->\n(.*?)<!-- end -->", page, flags=re.S)
+    assert len(blocks) >= 3
+    for names, text in blocks:
+        paths = [os.path.join(ROOT, name) for name in names.split()]
+        assert text.strip() == rendered(paths).strip(), names
+    for _, text in blocks:  # a verdict printed is the record's own test's
+        assert "verdict: **" in text or "did not finish" in text
+
+
+def test_the_page_summary_verdicts_are_the_records():
+    """The summary table's verdict column is each record's verdict by its pre-stated test."""
+    with open(PAGE) as f:
+        page = f.read()
+    for record_name, verdict in re.findall(r"\[`([\w/.-]+\.json)`\]\([^)]*\) \| \*\*(\w+)\*\*", page):
+        with open(os.path.join(ROOT, "docs", "studies", record_name)) as f:
+            record = json.load(f)
+        assert reproduce.verdict_of(record)["verdict"] == verdict, record_name
