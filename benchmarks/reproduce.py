@@ -1,14 +1,15 @@
 """Reproductions: metarl against a peer's real code, or a paper's claim, with a test fixed before the run.
 
-    python -m benchmarks.reproduce TASK --seeds N --out JSON [--peer DIR] [--total-timesteps F]
+    python -m benchmarks.reproduce TASK --seeds N --out JSON [--purejaxrl DIR] [--total-timesteps F]
     python -m benchmarks.reproduce table RECORD.json ...      # the page's tables, from the records
+    python -m benchmarks.reproduce page docs/studies/reproductions.md   # its tables rewritten from them
 
 Tasks (``TASKS``): ``ppo-cartpole`` and ``ppo-breakout`` (metarl's PPO against PureJaxRL's
 ``purejaxrl/ppo.py`` with PureJaxRL's own settings: its ``ppo.py`` config for CartPole-v1, its MinAtar
 notebook's for Breakout-MinAtar), ``dqn-cartpole`` (metarl's DQN against PureJaxRL's ``dqn.py``, its
 default config), ``dpo-minatar`` (metarl's PPO with DPO's closed-form drift against the same PPO with
-PPO's clipping, Lu et al. 2022, on four MinAtar games with PureJaxRL's MinAtar settings). ``--peer DIR``
-is a PureJaxRL checkout (``benchmarks/peers.py``: what it needs and how it is adapted to gymnax 1.0).
+PPO's clipping, Lu et al. 2022, on four MinAtar games with PureJaxRL's MinAtar settings). ``--purejaxrl
+DIR`` (or ``--peer DIR``, or ``$METARL_PUREJAXRL``) is a PureJaxRL checkout (``benchmarks/peers.py``: what it needs and how it is adapted to gymnax 1.0).
 ``--ablation time-limit-terminal`` runs metarl's side with a time-limit cut reported as a termination
 (what PureJaxRL's wrappers do), so metarl does not bootstrap through it.
 
@@ -33,8 +34,11 @@ leaves what it finished. Progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import re
 import sys
 import time
 
@@ -152,9 +156,8 @@ def metarl_ppo_config(pjr: dict, env: str, total: int, ablation: str = "none"):
     from metarl.inner_loops import envs
     from metarl.inner_loops.ppo import PPOConfig
     if ablation == "time-limit-terminal":
-        name = f"{env}/time-limit-terminal"
-        envs.register(name, lambda **kw: (lambda e, p: (_TimeLimitTerminal(e), p))(*envs.make(env, **kw)))
-        env = name
+        base, env = env, f"{env}/time-limit-terminal"
+        envs.register(env, lambda **kw: (lambda e, p: (_TimeLimitTerminal(e), p))(*envs.make(base, **kw)))
     return PPOConfig(env=env, num_envs=pjr["NUM_ENVS"], num_steps=pjr["NUM_STEPS"], total_timesteps=total,
                      update_epochs=pjr["UPDATE_EPOCHS"], num_minibatches=pjr["NUM_MINIBATCHES"],
                      activation=pjr["ACTIVATION"], anneal_lr=pjr["ANNEAL_LR"], lr=pjr["LR"], gamma=pjr["GAMMA"],
@@ -277,7 +280,7 @@ def run(args, parser) -> None:
     algo = task["algo"]
     total = int(args.total_timesteps or (5e5 if algo == "dqn" else task["config"]["TOTAL_TIMESTEPS"]))
     if algo != "dpo":
-        peers.require(args.peer, "dqn" if algo == "dqn" else "ppo", parser.prog)
+        peers.require(args.purejaxrl, "dqn" if algo == "dqn" else "ppo", parser.prog)
     import jax
     games = task.get("games") or [None]
     sides = ("dpo", "ppo") if algo == "dpo" else ("metarl", "purejaxrl")
@@ -285,7 +288,8 @@ def run(args, parser) -> None:
         "task": args.task, "claim": task["claim"], "command": "python -m benchmarks.reproduce " + " ".join(sys.argv[1:]),
         "total_timesteps": total, "seeds": args.seeds, "ablation": args.ablation,
         "final_return": ("greedy policy of the final parameters, mean return over %d fresh episodes" % EVAL_EPISODES
-                         if algo == "dqn" else "mean return of the episodes that ended in the last 10% of updates"),
+                         if algo == "dqn" else "mean return of the episodes that ended in the last 10% of updates"
+                         + (" (where none ended there, the latest that did)" if algo == "dpo" else "")),
         "test": ({"test": "direction", "level": 0.95} if algo == "dpo" else
          {"test": "equivalence (TOST)", "level": 0.90, "margin": task["margin"]}),
         "jax": jax.__version__, "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
@@ -333,9 +337,11 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["table"]:
         return table(argv[1:])
+    if argv[:1] == ["page"]:
+        return page(*argv[1:])
     parser = _Parser(prog="reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("task", help=f"one of {', '.join(TASKS)}")
-    parser.add_argument("--peer", metavar="DIR", default=os.environ.get(peers.ENV_VAR) or None,
+    parser.add_argument("--purejaxrl", "--peer", metavar="DIR", default=os.environ.get(peers.ENV_VAR) or None,
                         help=f"a PureJaxRL checkout ({peers.UPSTREAM}; default: ${peers.ENV_VAR})")
     parser.add_argument("--seeds", type=int, default=16, help="per side (and game)")
     parser.add_argument("--batch", type=int, default=0, help="seeds per compiled call (default: all)")
@@ -377,11 +383,28 @@ def row(record: dict) -> dict:
     return out
 
 
+def load(path: str) -> dict:
+    """A record of this script, or a ``metarl.evaluate`` report of one task read as one: its first side
+    (the learned one) against its second (the baseline), by the direction test."""
+    with open(path) as f:
+        record = json.load(f)
+    if "task" in record:
+        return record
+    if len(record.get("tasks", ())) != 1:
+        raise ValueError(f"{path}: neither a reproduction record nor a metarl.evaluate report of one task")
+    task, = record["tasks"]
+    (first, a), (second, b) = list(task["sides"].items())[:2]
+    sides = {name: {"env": task["env"], "per_seed": side["final_returns"], "seconds": [side["seconds"]]}
+             for name, side in ((first, a), (second, b))}
+    return {"task": f"{record['kind']} on {task['env']}", "total_timesteps": task["total_timesteps"],
+            "seeds": record["num_seeds"], "test": {"test": "direction", "level": 0.95}, "sides": sides,
+            "verdict": True, "final_return": record["statistic"]}
+
+
 def table(paths) -> None:
     """Print, for each record, a line per side and the verdict by the record's own test."""
     for path in paths:
-        with open(path) as f:
-            record = json.load(f)
+        record = load(path)
         r = row(record)
         test = record["test"]
         print(f"`{os.path.basename(path)}` ({r['task']}, {r['frames']:,} frames, {r['seeds']} seeds a side"
@@ -401,6 +424,27 @@ def table(paths) -> None:
             print(f"verdict: **{v['verdict']}** ({v['test']}{margin}): ratio {v['ratio']:.3f}, "
                   f"{v['level']:.0%} interval [{v['interval'][0]:.3f}, {v['interval'][1]:.3f}]")
         print()
+
+
+BLOCK = re.compile(r"(<!-- table: (.+?) -->\n)(.*?)(<!-- end -->)", flags=re.S)
+
+
+def rendered(paths) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        table(paths)
+    return out.getvalue().strip() + "\n"
+
+
+def page(path: str) -> None:
+    """Rewrite each ``<!-- table: RECORD ... -->`` block of the page (paths from the repository's root)
+    with ``table``'s output for those records."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(path) as f:
+        text = f.read()
+    text = BLOCK.sub(lambda m: m[1] + rendered([os.path.join(root, p) for p in m[2].split()]) + m[4], text)
+    with open(path, "w") as f:
+        f.write(text)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,5 @@
 """benchmarks/reproduce.py: its pre-stated test decides the verdict, its command refuses bad input in one
 line, and docs/studies/reproductions.md prints what its records say (no training anywhere here)."""
-import contextlib
-import io
-import json
 import os
 import re
 import subprocess
@@ -110,31 +107,24 @@ def test_without_a_peer_checkout_it_says_so_in_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--purejaxrl DIR" in proc.stderr
 
 
-def rendered(paths):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        reproduce.table(paths)
-    return out.getvalue()
-
-
 def test_the_page_prints_what_its_records_say():
     """Each ``<!-- table: RECORD ... -->`` block of the page is ``reproduce table RECORD ...``'s output."""
     with open(PAGE) as f:
         page = f.read()
-    blocks = re.findall(r"<!-- table: (.+?) -->\n(.*?)<!-- end -->", page, flags=re.S)
-    assert len(blocks) >= 3
-    for names, text in blocks:
-        paths = [os.path.join(ROOT, name) for name in names.split()]
-        assert text.strip() == rendered(paths).strip(), names
-    for _, text in blocks:  # a verdict printed is the record's own test's
-        assert "verdict: **" in text or "did not finish" in text
+    blocks = reproduce.BLOCK.findall(page)
+    assert len(blocks) >= 4
+    for _, names, text, _ in blocks:
+        assert text == reproduce.rendered([os.path.join(ROOT, name) for name in names.split()]), names
 
 
-def test_the_page_summary_verdicts_are_the_records():
-    """The summary table's verdict column is each record's verdict by its pre-stated test."""
+def test_the_page_summary_is_the_records():
+    """The summary table's ratio, interval and verdict are each record's, by its pre-stated test."""
     with open(PAGE) as f:
         page = f.read()
-    for record_name, verdict in re.findall(r"\[`([\w/.-]+\.json)`\]\([^)]*\) \| \*\*(\w+)\*\*", page):
-        with open(os.path.join(ROOT, "docs", "studies", record_name)) as f:
-            record = json.load(f)
-        assert reproduce.verdict_of(record)["verdict"] == verdict, record_name
+    rows = re.findall(r"ratio ([\d.]+) \[([\d.]+), ([\d.]+)\][^|]*\|[^|]*\| \[`([\w/.-]+\.json)`\]\([^)]*\) \| "
+                      r"\*\*(\w+)\*\*", page)
+    assert len(rows) >= 5
+    for ratio, low, high, name, verdict in rows:
+        decided = reproduce.verdict_of(reproduce.load(os.path.join(ROOT, "docs", "studies", name)))
+        assert decided["verdict"] == verdict, name
+        assert [ratio, low, high] == [f"{x:.3f}" for x in (decided["ratio"], *decided["interval"])], name
