@@ -44,15 +44,9 @@ import time
 
 import numpy as np
 
-from benchmarks import peers
+from benchmarks import peers, ppo_side_by_side
 
-# PureJaxRL's purejaxrl/ppo.py __main__ config for CartPole-v1, verbatim.
-PPO_CARTPOLE = {
-    "LR": 2.5e-4, "NUM_ENVS": 4, "NUM_STEPS": 128, "TOTAL_TIMESTEPS": 5e5, "UPDATE_EPOCHS": 4,
-    "NUM_MINIBATCHES": 4, "GAMMA": 0.99, "GAE_LAMBDA": 0.95, "CLIP_EPS": 0.2, "ENT_COEF": 0.01,
-    "VF_COEF": 0.5, "MAX_GRAD_NORM": 0.5, "ACTIVATION": "tanh", "ENV_NAME": "CartPole-v1",
-    "ANNEAL_LR": True, "DEBUG": False,
-}
+PPO_CARTPOLE = ppo_side_by_side.PJR_CONFIG  # PureJaxRL's purejaxrl/ppo.py config for CartPole-v1
 # PureJaxRL's examples/brax_minatar.ipynb config for MinAtar ("briefly tuned to do well on Gymnax's
 # MinAtar environments"), verbatim but for the game.
 PPO_MINATAR = dict(PPO_CARTPOLE, LR=5e-3, NUM_ENVS=64, NUM_STEPS=128, TOTAL_TIMESTEPS=1e7, NUM_MINIBATCHES=8,
