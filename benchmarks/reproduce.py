@@ -9,7 +9,8 @@ Tasks (``TASKS``): ``ppo-cartpole`` and ``ppo-breakout`` (metarl's PPO against P
 notebook's for Breakout-MinAtar), ``dqn-cartpole`` (metarl's DQN against PureJaxRL's ``dqn.py``, its
 default config), ``dpo-minatar`` (metarl's PPO with DPO's closed-form drift against the same PPO with
 PPO's clipping, Lu et al. 2022, on four MinAtar games with PureJaxRL's MinAtar settings). ``--purejaxrl
-DIR`` (or ``--peer DIR``, or ``$METARL_PUREJAXRL``) is a PureJaxRL checkout (``benchmarks/peers.py``: what it needs and how it is adapted to gymnax 1.0).
+DIR`` (or ``--peer DIR``, or ``$METARL_PUREJAXRL``) is a PureJaxRL checkout (``benchmarks/peers.py``:
+what it needs and how it is adapted to gymnax 1.0).
 ``--ablation time-limit-terminal`` runs metarl's side with a time-limit cut reported as a termination
 (what PureJaxRL's wrappers do), so metarl does not bootstrap through it.
 
@@ -279,13 +280,14 @@ def run(args, parser) -> None:
     games = task.get("games") or [None]
     sides = ("dpo", "ppo") if algo == "dpo" else ("metarl", "purejaxrl")
     record = {
-        "task": args.task, "claim": task["claim"], "command": "python -m benchmarks.reproduce " + " ".join(sys.argv[1:]),
+        "task": args.task, "claim": task["claim"],
+        "command": "python -m benchmarks.reproduce " + " ".join(sys.argv[1:]),
         "total_timesteps": total, "seeds": args.seeds, "ablation": args.ablation,
-        "final_return": ("greedy policy of the final parameters, mean return over %d fresh episodes" % EVAL_EPISODES
+        "final_return": (f"greedy policy of the final parameters, mean return over {EVAL_EPISODES} fresh episodes"
                          if algo == "dqn" else "mean return of the episodes that ended in the last 10% of updates"
                          + (" (where none ended there, the latest that did)" if algo == "dpo" else "")),
         "test": ({"test": "direction", "level": 0.95} if algo == "dpo" else
-         {"test": "equivalence (TOST)", "level": 0.90, "margin": task["margin"]}),
+                 {"test": "equivalence (TOST)", "level": 0.90, "margin": task["margin"]}),
         "jax": jax.__version__, "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "sides": {}, "verdict": None,
     }
