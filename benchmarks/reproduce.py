@@ -270,6 +270,17 @@ def write(path: str, record: dict) -> None:
     os.replace(tmp, path)
 
 
+def without_checkout(argv: list[str]) -> list[str]:
+    """``argv`` with the peer's checkout written as DIR: a record names no folder of the machine it ran on."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg.split("=")[0] in ("--purejaxrl", "--peer"):
+            out[i] = arg.split("=")[0] + "=DIR" if "=" in arg else arg
+            if "=" not in arg and i + 1 < len(out):
+                out[i + 1] = "DIR"
+    return out
+
+
 def run(args, parser) -> None:
     task = TASKS[args.task]
     algo = task["algo"]
@@ -281,7 +292,7 @@ def run(args, parser) -> None:
     sides = ("dpo", "ppo") if algo == "dpo" else ("metarl", "purejaxrl")
     record = {
         "task": args.task, "claim": task["claim"],
-        "command": "python -m benchmarks.reproduce " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.reproduce " + " ".join(without_checkout(sys.argv[1:])),
         "total_timesteps": total, "seeds": args.seeds, "ablation": args.ablation,
         "final_return": (f"greedy policy of the final parameters, mean return over {EVAL_EPISODES} fresh episodes"
                          if algo == "dqn" else "mean return of the episodes that ended in the last 10% of updates"

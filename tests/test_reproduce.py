@@ -76,6 +76,12 @@ def test_episodes_mean_weights_by_episodes_and_is_nan_where_none_ended():
     assert np.isnan(reproduce.episodes_mean(returns, np.zeros_like(ended), axis=1)[0])
 
 
+def test_a_record_names_no_checkout_folder():
+    assert reproduce.without_checkout(["ppo-cartpole", "--peer", "/x/y", "--seeds", "2"]) == \
+        ["ppo-cartpole", "--peer", "DIR", "--seeds", "2"]
+    assert reproduce.without_checkout(["--purejaxrl=/x/y"]) == ["--purejaxrl=DIR"]
+
+
 def command(*args):
     env = {k: v for k, v in os.environ.items() if k != "METARL_PUREJAXRL"}
     return subprocess.run([sys.executable, "-m", "benchmarks.reproduce", *args], cwd=ROOT, env=env,
