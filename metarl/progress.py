@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import os
 import sys
+import threading
+import time
 import types
+from pathlib import Path
 from typing import Iterator, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+EXIT_STALLED = 75  # sysexits.h's EX_TEMPFAIL, "try again later": a launcher retries (docs/resume.md)
 
 
 @contextlib.contextmanager
@@ -23,3 +30,35 @@ def progress(description: str, total: Optional[int] = None, enabled: bool = True
                   disable=not shown) as bar:
         task = bar.add_task(description, total=total)
         yield types.SimpleNamespace(update=lambda n=1: bar.advance(task, n))
+
+
+class Watchdog:
+    """Ends this process when a step runs over ``factor`` times the longest per unit of work before it in this
+    process (and ``min_seconds``): every thread's stack to ``stacks``, one line ending in ``then``, exit
+    ``EXIT_STALLED``. A thread, not faulthandler's own timer, whose exit code is always 1; it runs while the main
+    thread waits inside XLA, which releases the GIL. ``factor`` 0: off."""
+
+    def __init__(self, factor: float, min_seconds: float, stacks: Path, then: str):
+        self.factor, self.min_seconds, self.stacks, self.then, self.rate = factor, min_seconds, stacks, then, 0.0
+
+    @contextlib.contextmanager
+    def watch(self, what: str, work: float = 1.0):
+        limit = max(self.factor * self.rate * work, self.min_seconds)
+        timer = threading.Timer(limit, self._fire, (what, limit)) if self.factor and self.rate else None
+        if timer:
+            timer.daemon = True
+            timer.start()
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if timer:
+                timer.cancel()
+        self.rate = max(self.rate, (time.perf_counter() - t) / work)
+
+    def _fire(self, what: str, limit: float) -> None:
+        with open(self.stacks, "w") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+        print(f"error: {what} still running after {limit:.0f} s, over {self.factor:g}x the longest before it: "
+              f"stopped; every thread's stack is in {self.stacks}. {self.then}", file=sys.stderr, flush=True)
+        os._exit(EXIT_STALLED)
