@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
 import socket
+import sys
 import traceback
 from pathlib import Path
 from typing import Any, Optional
@@ -211,7 +213,14 @@ def digest(state: Any, meta: dict) -> str:
 
 # tensorstore's status codes for damaged files, in a few words
 CAUSES = {"OUT_OF_RANGE": "truncated file", "DATA_LOSS": "corrupt file", "NOT_FOUND": "missing file",
-          "DIGEST": "contents differ from their digest"}
+          "DIGEST": "digest mismatch"}
+
+
+def _drop_late_reads(unraisable, passed_on) -> None:
+    """tensorstore's reads of a failed restore finish after Orbax has closed their event loop, each one then an
+    unraisable 'Event loop is closed' on stderr: dropped (the error itself is logged), the rest passed on."""
+    if "Event loop is closed" not in str(unraisable.exc_value):
+        passed_on(unraisable)
 
 
 def _is_key(x) -> bool:
@@ -280,6 +289,8 @@ class Checkpointer:
         import numpy as np
         import orbax.checkpoint as ocp
         host = None if template_state is None else jax.tree.map(lambda x: np.zeros_like(to_host(x)), template_state)
+        if getattr(sys.unraisablehook, "func", None) is not _drop_late_reads:
+            sys.unraisablehook = functools.partial(_drop_late_reads, passed_on=sys.unraisablehook)
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 meta=ocp.args.JsonRestore(), state=ocp.args.StandardRestore(host)))
@@ -308,8 +319,8 @@ class Checkpointer:
                 self.skipped.append((step, err.args[1]))
         if steps:
             first = f"{steps[0]}: {self.skipped[0][1]}"
-            raise CheckpointError(f"{self.dir}: no readable checkpoint of {len(steps)} ({first}); "
-                                  "start afresh with another run_dir=, or restore it from a copy")
+            raise CheckpointError(f"{self.dir}: no checkpoint readable ({len(steps)} tried; {first}); start afresh "
+                                  "with another run_dir=, or restore it from a copy")
         return None, None, {}
 
     def skipped_note(self, generation: int) -> str:
