@@ -53,7 +53,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
                 options[key] = config_lib.coerce(value, hints[key], key)
         if "run_dir" not in options:
             raise ConfigError("run_dir: not given; allowed: run_dir=PATH, the directory of a run")
-        check_run_to_read(options["run_dir"])
+        RunDir(options["run_dir"]).require_run()
     except ConfigError as err:
         fail(str(err))
     try:
@@ -63,10 +63,6 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
     if text := show(result):
         print(text)
     return 0
-
-
-def check_run_to_read(run_dir: str | Path) -> None:  # ConfigError if it is not a run's directory
-    RunDir(run_dir).require_run()
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from metarl import config as config_lib, payoff, results, stats
-from metarl.cli import check_run_to_read, run_command
+from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.fitness import spans
@@ -201,7 +201,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         raise ConfigError(f"num_seeds: {num_seeds}; allowed: >= 2 (a confidence interval needs two)")
     if total_timesteps is not None and total_timesteps <= 0:
         raise ConfigError(f"total_timesteps: {total_timesteps}; allowed: > 0")
-    check_run_to_read(run_dir)
+    RunDir(run_dir).require_run()
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
@@ -210,8 +210,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     picks = _add_per_task(loaded, run_dir, per_task, per_task_tunings, per_task_seeds, num_seeds)
     root, keys = eval_keys(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
-    watchdog = Watchdog(loaded.cfg.watchdog.factor, loaded.cfg.watchdog.min_seconds, RunDir(run_dir).stacks,
-                        "Run the same command again.")
+    watchdog = Watchdog(loaded.cfg.watchdog, RunDir(run_dir).stacks, "Run the same command again.")
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh, watchdog)
     rows, aggregates, held_out = _score(loaded, curves, seconds)
     tuned = RunDir(run_dir).tuned.read()

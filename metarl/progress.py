@@ -33,27 +33,27 @@ def progress(description: str, total: Optional[int] = None, enabled: bool = True
 
 
 class Watchdog:
-    """Ends this process when a step runs over ``factor`` times the longest per unit of work before it in this
-    process (and ``min_seconds``): every thread's stack to ``stacks``, one line ending in ``then``, exit
-    ``EXIT_STALLED``. A thread, not faulthandler's own timer, whose exit code is always 1; it runs while the main
-    thread waits inside XLA, which releases the GIL. ``factor`` 0: off."""
+    """Ends this process when a step runs over ``settings.factor`` times the longest per unit of work before it in
+    this process (and ``settings.min_seconds``): every thread's stack to ``stacks``, one line ending in ``then``,
+    exit ``EXIT_STALLED``. A thread, not faulthandler's own timer, whose exit code is always 1; it runs while the
+    main thread waits inside XLA, which releases the GIL. ``factor`` 0: off."""
 
-    def __init__(self, factor: float, min_seconds: float, stacks: Path, then: str):
-        self.factor, self.min_seconds, self.stacks, self.then, self.rate = factor, min_seconds, stacks, then, 0.0
+    def __init__(self, settings, stacks: Path, then: str):
+        self.factor, self.min_seconds, self.stacks, self.then = settings.factor, settings.min_seconds, stacks, then
+        self.rate = 0.0
 
     @contextlib.contextmanager
     def watch(self, what: str, work: float = 1.0):
         limit = max(self.factor * self.rate * work, self.min_seconds)
-        timer = threading.Timer(limit, self._fire, (what, limit)) if self.factor and self.rate else None
-        if timer:
-            timer.daemon = True
+        timer = threading.Timer(limit, self._fire, (what, limit))
+        timer.daemon = True
+        if self.factor and self.rate:  # the first step has nothing to be compared with
             timer.start()
         t = time.perf_counter()
         try:
             yield
         finally:
-            if timer:
-                timer.cancel()
+            timer.cancel()
         self.rate = max(self.rate, (time.perf_counter() - t) / work)
 
     def _fire(self, what: str, limit: float) -> None:

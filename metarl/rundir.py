@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -99,10 +98,6 @@ class RunDir(os.PathLike):
 
     def tuning(self, i: int = 0) -> "RunDir":
         return RunDir(self.path / (TUNE if i == 0 else f"{TUNE}-{i + 1}"))
-
-    def owner(self) -> Path:
-        """The run's directory: this one, or the run's above a tuning's."""
-        return self.path.parent if self.path.name.startswith(TUNE) else self.path
 
     def evaluation(self, suffix: str = "") -> JsonFile:
         return JsonFile(self.path / f"evaluation{suffix}.json")
@@ -211,16 +206,10 @@ def digest(state: Any, meta: dict) -> str:
     return hashlib.sha256("".join(leaves).encode() + text.encode()).hexdigest()
 
 
-# tensorstore's status codes for damaged files, in a few words
-CAUSES = {"OUT_OF_RANGE": "truncated file", "DATA_LOSS": "corrupt file", "NOT_FOUND": "missing file",
-          "DIGEST": "digest mismatch"}
-
-
-def _drop_late_reads(unraisable, passed_on) -> None:
-    """tensorstore's reads of a failed restore finish after Orbax has closed their event loop, each one then an
-    unraisable 'Event loop is closed' on stderr: dropped (the error itself is logged), the rest passed on."""
-    if "Event loop is closed" not in str(unraisable.exc_value):
-        passed_on(unraisable)
+# tensorstore's reads of a failed restore finish after Orbax has closed their event loop, each one then an
+# unraisable 'Event loop is closed' on stderr: dropped (the error itself is logged), the rest passed on.
+_passed_on = sys.unraisablehook
+sys.unraisablehook = lambda unraisable: "Event loop is closed" in str(unraisable.exc_value) or _passed_on(unraisable)
 
 
 def _is_key(x) -> bool:
@@ -289,8 +278,6 @@ class Checkpointer:
         import numpy as np
         import orbax.checkpoint as ocp
         host = None if template_state is None else jax.tree.map(lambda x: np.zeros_like(to_host(x)), template_state)
-        if getattr(sys.unraisablehook, "func", None) is not _drop_late_reads:
-            sys.unraisablehook = functools.partial(_drop_late_reads, passed_on=sys.unraisablehook)
         try:
             restored = self.manager.restore(step, args=ocp.args.Composite(
                 meta=ocp.args.JsonRestore(), state=ocp.args.StandardRestore(host)))
@@ -300,12 +287,13 @@ class Checkpointer:
         except Exception as err:  # Orbax raises many types for unreadable data; the whole one goes to a log
             with open(self.errors, "a") as log:
                 log.write(f"{self.dir / str(step)}:\n{''.join(traceback.format_exception(err))}\n")
-            cause = next((words for code, words in CAUSES.items() if code in str(err)), type(err).__name__)
+            causes = {"OUT_OF_RANGE": "truncated file", "DATA_LOSS": "corrupt file", "NOT_FOUND": "missing file",
+                      "DIGEST": "digest mismatch"}  # tensorstore's status codes (and ours) in a few words
+            cause = next((words for code, words in causes.items() if code in str(err)), type(err).__name__)
             raise CheckpointError(f"{self.dir / str(step)}: checkpoint unreadable ({cause}; the full error is in "
                                   f"{self.errors})", cause) from None
-        state = restored["state"] if template_state is None else jax.tree.map(from_host, restored["state"],
-                                                                              template_state)
-        return state, restored["meta"]
+        state, meta = restored["state"], restored["meta"]
+        return (state if template_state is None else jax.tree.map(from_host, state, template_state)), meta
 
     def newest(self, template_state: Any = None) -> tuple[Optional[int], Any, dict]:
         """``(step, state, meta)`` of the newest checkpoint that reads back as saved, the newer ones in

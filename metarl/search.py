@@ -113,8 +113,8 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
     if cfg.fitness.num_seeds == 1:
         logger.message("note: fitness.num_seeds=1 measures no seed noise: signal_within, seed_noise, signal and "
                        "update_signal are recorded as null (docs/signal.md); fitness.num_seeds >= 2 measures them")
-    watchdog = Watchdog(cfg.watchdog.factor, cfg.watchdog.min_seconds, run_dir.stacks,
-                        f"Continue with: python -m metarl.evolve resume={run_dir.owner()}")
+    top = run_dir.path.parent if run_dir.path.name.startswith(rundir.TUNE) else run_dir  # a tuning's: the run's
+    watchdog = Watchdog(cfg.watchdog, run_dir.stacks, f"Continue with: python -m metarl.evolve resume={top}")
     received = []  # the stop signals this process got, read between generations (a generation is one XLA call)
 
     def on_stop(signum, frame):
