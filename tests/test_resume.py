@@ -209,6 +209,7 @@ STALLING = ["--config-dir", str(Path(__file__).resolve().parents[1] / "examples"
             *[a for a in TINY if not a.startswith("component.")], "es.generations=4", "watchdog.min_seconds=5"]
 
 
+@pytest.mark.slow  # three runs, about 40 s: every CLI test of the default suite arms the watchdog all the same
 @pytest.mark.timeout(600)
 def test_a_stalled_generation_ends_the_run_with_every_stack_and_a_resume_equals_a_straight_run(tmp_path):
     straight, run_dir = tmp_path / "straight", tmp_path / "run"
