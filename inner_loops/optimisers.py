@@ -1,0 +1,257 @@
+"""PPO's optimiser seam: optax's Adam as PPO has always used it, and OPEN's learned optimiser.
+
+An optimiser component has ``init(key) -> meta_params`` and ``apply(meta_params, config) -> an optax
+GradientTransformation``, built once per training from the trainer's config (its lr, max_grad_norm,
+anneal_lr and sizes). The trainer applies the transformation's updates to its parameters after every
+minibatch. One that declares ``context = True`` is a ``GradientTransformationExtraArgs`` whose
+``update(grads, state, params, **context)`` also gets what OPEN's optimiser reads beyond the gradient:
+``progress`` (a ``Progress``), ``epoch_fraction`` (the proportion of the current batch's epochs done,
+0 to 1), ``dormancy`` (a tree like the parameters: each weight's output neuron's mean activation over
+the layer's mean, ``dormancy``) and ``key`` (for a stochastic update).
+
+    class SGD:
+        def init(self, key): return {"log_lr": jnp.zeros(())}
+        def apply(self, meta_params, config): return optax.sgd(1e-3 * jnp.exp(meta_params["log_lr"]))
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+
+from metarl.inner_loops.components import Progress, _check_hidden
+from metarl.inner_loops.networks import _ACTIVATIONS, Dense
+
+
+def adam(config, eps: float = 1e-5) -> optax.GradientTransformation:
+    """PPO's optimiser: the gradient clipped to a global norm of ``max_grad_norm``, then Adam with ``lr``,
+    annealed linearly to 0 over training where ``anneal_lr``."""
+    if config.anneal_lr:
+        steps_per_update, n_updates = config.update_epochs * config.num_minibatches, config.num_updates
+
+        def lr_schedule(count):
+            return config.lr * (1.0 - (count // steps_per_update) / n_updates)
+    else:
+        lr_schedule = config.lr
+    # On one flat vector (optax.flatten): the clipping's norm and Adam are a few operations
+    # rather than a few per parameter array: 7-15% less compile time at 1 and 8 agents.
+    return optax.flatten(optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                                     optax.adam(lr_schedule, eps=eps)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Adam:
+    """PPO's own optimiser (``adam``): no meta-parameters."""
+
+    eps: float = 1e-5
+
+    def init(self, key):
+        return {}
+
+    def apply(self, meta_params, config):
+        return adam(config, self.eps)
+
+
+ADAM = Adam()
+
+
+# --- OPEN (Goldie et al. 2024) -------------------------------------------------------------------
+
+DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)   # OPEN's momentum timescales
+# The inputs OPEN normalises per parameter tensor (each divided by its root mean square over the tensor),
+# then those it gives as they are: the same for a whole tensor, or per neuron.
+NORMALISED = ("parameter", "sign(g)", "log|g|") + tuple(f"{s}(m{d:g})" for d in DECAYS for s in ("sign", "log|m|"))
+AS_IS = ("training proportion", "epoch proportion", "layer proportion", "dormancy")
+
+
+def _rms_normalise(x: jax.Array) -> jax.Array:
+    """Each feature (last axis) over its root mean square on the tensor (all other axes)."""
+    axes = tuple(range(x.ndim - 1))
+    return x * jax.lax.rsqrt(1e-5 + jnp.mean(jnp.square(x), axis=axes, keepdims=True))
+
+
+def _sign_log(x: jax.Array) -> list:
+    """Gradient conditioning (Optim4RL, as OPEN): the sign and the log of the magnitude."""
+    return [jnp.sign(x), jnp.log(jnp.abs(x) + 1e-13)]
+
+
+class _UpdateNet(nn.Module):
+    """OPEN's per-parameter network without its GRU: dense layers with layer norm and relu."""
+    hidden: tuple
+    outputs: int
+
+    @nn.compact
+    def __call__(self, x):
+        for width in self.hidden:
+            x = nn.relu(nn.LayerNorm(use_bias=False, use_scale=False)(nn.Dense(width)(x)))
+        return nn.Dense(self.outputs)(x)
+
+
+def layer_positions(params) -> Any:
+    """A float per parameter array: its layer's position in its tower, 0 (first) to 1 (last), as OPEN's
+    layer proportion. PPO's parameters are ``{"params": {tower: {layer: {kernel, bias}}, "log_std"}}``; an array
+    outside a tower of layers (``log_std``) counts as a last layer."""
+    def position(path, leaf):
+        keys = [getattr(k, "key", None) for k in path]
+        if len(keys) == 4 and keys[0] == "params":
+            layers = sorted(params["params"][keys[1]], key=lambda n: (len(n), n))   # Dense_2 before Dense_10
+            return layers.index(keys[2]) / max(len(layers) - 1, 1)
+        return 1.0
+    return jax.tree_util.tree_map_with_path(position, params)
+
+
+def actor_mask(params) -> Any:
+    """1 for the actor's parameters (and ``log_std``), 0 for the critic's: where OPEN adds its noise."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: float(getattr(path[1], "key", "") != "critic") if len(path) > 1 else 1.0, params)
+
+
+def dormancy(network, params, obs, activation: str) -> Any:
+    """Per parameter, its output neuron's mean |activation| on ``obs`` over the mean of its layer's
+    (OPEN's dormancy, 1 for a neuron as active as its layer's average, 0 for a dead one): a tree like
+    ``params``, a kernel's value repeated along its inputs. Hidden layers are read after the activation,
+    the heads before; arrays outside a layer (``log_std``) get 1."""
+    _, state = network.apply(params, obs, capture_intermediates=lambda mdl, _: isinstance(mdl, Dense),
+                             mutable=["intermediates"])
+    seen = state["intermediates"]
+
+    def of(path, leaf):
+        keys = [getattr(k, "key", None) for k in path]
+        if len(keys) != 4 or keys[0] != "params":
+            return jnp.ones_like(leaf)
+        tower = params["params"][keys[1]]
+        y = seen[keys[1]][keys[2]]["__call__"][0]
+        last = sorted(tower, key=lambda n: (len(n), n))[-1]
+        a = jnp.abs(y if keys[2] == last else _ACTIVATIONS[activation](y)).reshape(-1, y.shape[-1]).mean(0)
+        return jnp.broadcast_to(a / (a.mean() + 1e-11), leaf.shape)
+    return jax.tree_util.tree_map_with_path(of, params)
+
+
+class OpenState(NamedTuple):
+    momenta: Any     # per parameter array, its momenta at the timescales of DECAYS: (len(DECAYS), *shape)
+    base: Any        # Adam's state, with ``residual``
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnedOptimiser:
+    """OPEN's learned optimiser (Goldie et al., "Can Learned Optimization Make Reinforcement Learning Less
+    Difficult?", 2024) for PPO, with a per-parameter MLP in place of OPEN's GRU.
+
+    Per parameter, after PPO's clipping of the gradient g to a global norm of ``max_grad_norm``, the network
+    reads the 19 inputs of OPEN: the parameter, sign(g) and log|g|, and the sign and log magnitude of six
+    momenta m <- b m + (1 - b) g at the timescales b of ``DECAYS`` (these 15 each divided by their root mean
+    square over the parameter's tensor), then the proportion of training done, the proportion of the
+    current batch's epochs done, the layer's position in its tower (``layer_positions``) and the neuron's
+    dormancy (``dormancy``). Its outputs (o1, o2, o3) give the step u = 0.001 o1 exp(0.001 o2), plus, with
+    ``stochastic``, the actor's noise 0.001 o3 N(0, 1) (OPEN's learned stochasticity); the parameters move by
+    -(u - mean u), the mean over all parameters taken out as OPEN does. With ``residual`` the step is added
+    to Adam's as PPO configures it (``adam``), so zero meta-parameters are Adam exactly and evolution starts
+    from it; without, the step is the network's alone, as in OPEN.
+    """
+
+    hidden: tuple = (16,)
+    stochastic: bool = True
+    residual: bool = False
+    step_mult: float = 1e-3
+    exp_mult: float = 1e-3
+    context = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "hidden", _check_hidden(self.hidden))
+
+    @property
+    def net(self):
+        return _UpdateNet(self.hidden, 3 if self.stochastic else 2)
+
+    def init(self, key):
+        return self.net.init(key, jnp.zeros((len(NORMALISED) + len(AS_IS),)))
+
+    def step(self, meta_params, param, grad, momenta, progress, epoch_fraction, layer, dorm):
+        """``(u, noise scale)`` for one tensor: the update before the noise and the mean subtraction, and the
+        standard deviation of the noise before the actor mask. ``momenta``: (len(DECAYS), *param.shape)."""
+        shape = jnp.shape(param)
+        normalised = jnp.stack([param, *_sign_log(grad), *(f for m in momenta for f in _sign_log(m))], -1)
+        constant = [jnp.broadcast_to(jnp.asarray(v, jnp.float32), shape)
+                    for v in (progress.fraction, epoch_fraction, layer)]
+        x = jnp.concatenate([_rms_normalise(normalised.reshape(-1, normalised.shape[-1])).reshape(normalised.shape),
+                             jnp.stack([*constant, jnp.broadcast_to(dorm, shape)], -1)], -1)
+        out = self.net.apply(meta_params, x)
+        u = self.step_mult * out[..., 0] * jnp.exp(self.exp_mult * out[..., 1])
+        return u, (self.step_mult * out[..., 2] if self.stochastic else jnp.zeros(shape))
+
+    def apply(self, meta_params, config):
+        base = adam(config) if self.residual else None
+        clip = optax.clip_by_global_norm(config.max_grad_norm)
+
+        def init(params):
+            momenta = jax.tree.map(lambda p: jnp.zeros((len(DECAYS), *jnp.shape(p)), jnp.float32), params)
+            return OpenState(momenta, base.init(params) if base else None)
+
+        def update(grads, state, params, *, progress: Progress, epoch_fraction, dormancy, key):
+            momenta, base_state = state
+            raw, (grads, _) = grads, clip.update(grads, None)
+            decays = jnp.asarray(DECAYS, jnp.float32)
+            momenta = jax.tree.map(lambda m, g: decays.reshape((-1,) + (1,) * g.ndim) * m
+                                   + (1.0 - decays).reshape((-1,) + (1,) * g.ndim) * g, momenta, grads)
+            leaves, tree = jax.tree.flatten(params)
+            keys = jax.tree.unflatten(tree, list(jax.random.split(key, len(leaves))))
+
+            def one(p, g, m, layer, dorm, mask, k):
+                u, noise = self.step(meta_params, p, g, m, progress, epoch_fraction, layer, dorm)
+                return u + mask * noise * jax.random.normal(k, jnp.shape(p))
+            steps = jax.tree.map(one, params, grads, momenta, layer_positions(params), dormancy, actor_mask(params),
+                                 keys)
+            mean = jnp.mean(ravel_pytree(steps)[0])
+            updates = jax.tree.map(lambda u: -(u - mean), steps)
+            if base:
+                adam_updates, base_state = base.update(raw, base_state, params)  # Adam clips for itself
+                updates = jax.tree.map(jnp.add, adam_updates, updates)
+            return updates, OpenState(momenta, base_state)
+
+        return optax.GradientTransformationExtraArgs(init, update)
+
+    # --- what it learned, for `metarl.inspect` (metarl.figures.component_plots draws these) --------------
+    def figures(self, meta_params, config, span: float = 0.02) -> dict:
+        """``{file: (x, rows, xlabel, note)}``: line panels (``rows`` of ``{title, ylabel, curves}``) of the
+        learned update against Adam's, each over one tensor of 201 parameters whose values are the x axis."""
+        x = jnp.linspace(-span, span, 201)
+        zero = jnp.zeros_like(x)
+        fractions = (0.0, 0.25, 0.5, 0.75, 1.0)
+        lr = lambda t: float(config.lr) * ((1.0 - t) if config.anneal_lr else 1.0)  # noqa: E731
+
+        def u(grad, momentum, t, epoch=0.0, layer=0.5):
+            steps, noise = self.step(meta_params, zero, grad, jnp.stack([momentum] * len(DECAYS)),
+                                     Progress(jnp.float32(t), jnp.float32(0.0)), epoch, layer, jnp.ones_like(x))
+            return -np.asarray(steps), np.abs(np.asarray(noise))
+
+        adam_steady = ("Adam (lr at the start)", -lr(0.0) * np.sign(np.asarray(x)), "baseline")
+        at = lambda f: [(f"learned, {t:.0%} of training done", f(t), "formula") for t in fractions]  # noqa: E731
+        rows = [[{"title": "steady gradient: g and every momentum equal", "ylabel": "parameter change",
+                  "curves": [adam_steady, *at(lambda t: u(x, x, t)[0])]},
+                 {"title": "fresh gradient g, momenta all 0", "ylabel": "parameter change",
+                  "curves": [adam_steady, *at(lambda t: u(x, zero, t)[0])]},
+                 {"title": "momentum alone: g = 0, every momentum m (x axis)", "ylabel": "parameter change",
+                  "curves": at(lambda t: u(zero, x, t)[0])}]]
+        note = ("the change of a parameter after one minibatch (the negative of the step) against its gradient, "
+                "for a tensor of 201 parameters at 0, middle layer, dormancy 1, first epoch of a batch; "
+                "before the mean over all parameters is taken out" + ("; plus Adam's change (residual)"
+                                                                       if self.residual else ""))
+        t = np.linspace(0.0, 1.0, 51)
+        size = lambda layer, noise=False: np.array([np.mean(u(x, x, f, 0.0, layer)[int(noise)]) for f in t])  # noqa
+        step_rows = [[{"title": "mean step size over training (steady gradient)", "ylabel": "mean |step|",
+                       "curves": [("Adam (lr, annealed as configured)", np.array([lr(f) for f in t]), "baseline"),
+                                  *[(f"learned, layer position {p:g}", size(p), "formula") for p in (0.0, 0.5, 1.0)]]}]]
+        if self.stochastic:
+            step_rows[0].append({"title": "learned noise on the actor over training", "ylabel": "noise std",
+                                 "curves": [(f"learned noise, layer position {p:g}", size(p, True), "formula")
+                                            for p in (0.0, 1.0)]})
+        step_note = (f"per parameter, for steady gradients uniform in [-{span:g}, {span:g}]"
+                     + ("; plus Adam's step (residual)" if self.residual else ""))
+        return {"optimiser_update.png": (np.asarray(x), rows, "gradient g (after clipping)", note),
+                "optimiser_step_size.png": (t, step_rows, "fraction of training done", step_note)}
