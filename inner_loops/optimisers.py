@@ -219,39 +219,48 @@ class LearnedOptimiser:
     # --- what it learned, for `metarl.inspect` (metarl.figures.component_plots draws these) --------------
     def figures(self, meta_params, config, span: float = 0.02) -> dict:
         """``{file: (x, rows, xlabel, note)}``: line panels (``rows`` of ``{title, ylabel, curves}``) of the
-        learned update against Adam's, each over one tensor of 201 parameters whose values are the x axis."""
+        learned change of a parameter against Adam's, each over one tensor of 201 parameters whose gradients (or
+        momenta) are the x axis. Adam is drawn at its steady state, -lr sign(g) (lr annealed where configured);
+        a residual optimiser's curves are the sum of that and the network's."""
         x = jnp.linspace(-span, span, 201)
         zero = jnp.zeros_like(x)
-        fractions = (0.0, 0.25, 0.5, 0.75, 1.0)
         lr = lambda t: float(config.lr) * ((1.0 - t) if config.anneal_lr else 1.0)  # noqa: E731
+        adam_change = lambda t, along: -lr(t) * np.sign(np.asarray(along))  # noqa: E731
 
-        def u(grad, momentum, t, epoch=0.0, layer=0.5):
-            steps, noise = self.step(meta_params, zero, grad, jnp.stack([momentum] * len(DECAYS)),
-                                     Progress(jnp.float32(t), jnp.float32(0.0)), epoch, layer, jnp.ones_like(x))
-            return -np.asarray(steps), np.abs(np.asarray(noise))
+        def change(grad, momentum, t, layer=0.5, noise=False):
+            """The parameter's change (or, with ``noise``, its noise's std) at training fraction ``t``."""
+            steps, scale = self.step(meta_params, zero, grad, jnp.stack([momentum] * len(DECAYS)),
+                                     Progress(jnp.float32(t), jnp.float32(0.0)), 0.0, layer, jnp.ones_like(x))
+            if noise:
+                return np.abs(np.asarray(scale))
+            return -np.asarray(steps) + (adam_change(t, momentum if not np.any(grad) else grad) if self.residual
+                                         else 0.0)
 
-        adam_steady = ("Adam (lr at the start)", -lr(0.0) * np.sign(np.asarray(x)), "baseline")
+        fractions = (0.0, 1 / 3, 2 / 3, 1.0)   # as many as plots.formula_figure has colours
         at = lambda f: [(f"learned, {t:.0%} of training done", f(t), "formula") for t in fractions]  # noqa: E731
-        rows = [[{"title": "steady gradient: g and every momentum equal", "ylabel": "parameter change",
-                  "curves": [adam_steady, *at(lambda t: u(x, x, t)[0])]},
-                 {"title": "fresh gradient g, momenta all 0", "ylabel": "parameter change",
-                  "curves": [adam_steady, *at(lambda t: u(x, zero, t)[0])]},
-                 {"title": "momentum alone: g = 0, every momentum m (x axis)", "ylabel": "parameter change",
-                  "curves": at(lambda t: u(zero, x, t)[0])}]]
-        note = ("the change of a parameter after one minibatch (the negative of the step) against its gradient, "
-                "for a tensor of 201 parameters at 0, middle layer, dormancy 1, first epoch of a batch; "
-                "before the mean over all parameters is taken out" + ("; plus Adam's change (residual)"
-                                                                       if self.residual else ""))
+        adam = ("Adam, -lr sign (lr at the start)", adam_change(0.0, x), "baseline")
+        rows = [[{"title": "steady gradient: g and every momentum equal", "ylabel": "change of the parameter",
+                  "curves": [adam, *at(lambda t: change(x, x, t))]},
+                 {"title": "fresh gradient g, every momentum 0", "ylabel": "change of the parameter",
+                  "curves": [adam, *at(lambda t: change(x, zero, t))]},
+                 {"title": "momentum alone: g = 0, every momentum = x", "ylabel": "change of the parameter",
+                  "curves": [adam, *at(lambda t: change(zero, x, t))]}]]
+        residual = "; residual: Adam's change plus the network's" if self.residual else ""
+        note = ("one minibatch's change of a parameter against its gradient g, for a tensor of 201 parameters "
+                "(values 0, middle layer, dormancy 1, first epoch of a batch), before the mean change over all "
+                "parameters is taken out" + residual)
         t = np.linspace(0.0, 1.0, 51)
-        size = lambda layer, noise=False: np.array([np.mean(u(x, x, f, 0.0, layer)[int(noise)]) for f in t])  # noqa
-        step_rows = [[{"title": "mean step size over training (steady gradient)", "ylabel": "mean |step|",
-                       "curves": [("Adam (lr, annealed as configured)", np.array([lr(f) for f in t]), "baseline"),
-                                  *[(f"learned, layer position {p:g}", size(p), "formula") for p in (0.0, 0.5, 1.0)]]}]]
+        layers = (0.0, 0.5, 1.0)
+        mean_of = lambda layer, noise=False: np.array(  # noqa: E731
+            [np.mean(np.abs(change(x, x, f, layer, noise))) for f in t])
+        step_rows = [[{"title": "mean step size over training (steady gradients)", "ylabel": "mean |change|",
+                       "curves": [("Adam (lr as configured)", np.array([lr(f) for f in t]), "baseline"),
+                                  *[(f"learned, layer position {p:g}", mean_of(p), "formula") for p in layers]]}]]
         if self.stochastic:
-            step_rows[0].append({"title": "learned noise on the actor over training", "ylabel": "noise std",
-                                 "curves": [(f"learned noise, layer position {p:g}", size(p, True), "formula")
-                                            for p in (0.0, 1.0)]})
-        step_note = (f"per parameter, for steady gradients uniform in [-{span:g}, {span:g}]"
-                     + ("; plus Adam's step (residual)" if self.residual else ""))
-        return {"optimiser_update.png": (np.asarray(x), rows, "gradient g (after clipping)", note),
+            step_rows[0].append({"title": "learned noise added to the actor's parameters", "ylabel": "noise std",
+                                 "curves": [(f"learned, layer position {p:g}", mean_of(p, True), "formula")
+                                            for p in layers]})
+        step_note = (f"mean over steady gradients in [-{span:g}, {span:g}]; layer position 0: a tower's first layer, "
+                     "1: its output" + residual)
+        return {"optimiser_update.png": (np.asarray(x), rows, "gradient g (after clipping), or momentum", note),
                 "optimiser_step_size.png": (t, step_rows, "fraction of training done", step_note)}
