@@ -70,10 +70,11 @@ NORMALISED = ("parameter", "sign(g)", "log|g|") + tuple(f"{s}(m{d:g})" for d in 
 AS_IS = ("training proportion", "epoch proportion", "layer proportion", "dormancy")
 
 
-def _rms_normalise(x: jax.Array) -> jax.Array:
-    """Each feature (last axis) over its root mean square on the tensor (all other axes)."""
-    axes = tuple(range(x.ndim - 1))
-    return x * jax.lax.rsqrt(1e-5 + jnp.mean(jnp.square(x), axis=axes, keepdims=True))
+def _rms_normalise(x: jax.Array, tensors: jax.Array, sizes: jax.Array) -> jax.Array:
+    """Each feature of ``x`` (parameters, features) over its root mean square on the parameter's tensor
+    (``tensors``: each parameter's tensor index; ``sizes``: each tensor's number of parameters)."""
+    mean_square = jax.ops.segment_sum(jnp.square(x), tensors, len(sizes)) / sizes[:, None]
+    return x * jax.lax.rsqrt(1e-5 + mean_square)[tensors]
 
 
 def _sign_log(x: jax.Array) -> list:
@@ -134,8 +135,19 @@ def dormancy(network, params, obs, activation: str) -> Any:
 
 
 class OpenState(NamedTuple):
-    momenta: Any     # per parameter array, its momenta at the timescales of DECAYS: (len(DECAYS), *shape)
-    base: Any        # Adam's state, with ``residual``
+    momenta: jax.Array   # (len(DECAYS), parameters): the momenta of the flat parameter vector
+    base: Any            # Adam's state, with ``residual``
+
+
+def _layout(params) -> tuple:
+    """Constants over the flat parameter vector (``ravel_pytree``'s order): each parameter's tensor index,
+    each tensor's size, each parameter's layer position and actor mask."""
+    leaves = jax.tree.leaves(params)
+    sizes = np.array([np.size(x) for x in leaves])
+    spread = lambda tree: np.concatenate([np.full(n, v, np.float32)  # noqa: E731
+                                          for n, v in zip(sizes, jax.tree.leaves(tree))])
+    return (np.repeat(np.arange(len(leaves)), sizes).astype(np.int32), sizes.astype(np.float32),
+            spread(layer_positions(params)), spread(actor_mask(params)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,45 +184,43 @@ class LearnedOptimiser:
     def init(self, key):
         return self.net.init(key, jnp.zeros((len(NORMALISED) + len(AS_IS),)))
 
-    def step(self, meta_params, param, grad, momenta, progress, epoch_fraction, layer, dorm):
-        """``(u, noise scale)`` for one tensor: the update before the noise and the mean subtraction, and the
-        standard deviation of the noise before the actor mask. ``momenta``: (len(DECAYS), *param.shape)."""
-        shape = jnp.shape(param)
+    def step(self, meta_params, param, grad, momenta, progress, epoch_fraction, layer, dorm, tensors=None,
+             sizes=None):
+        """``(u, noise scale)`` for flat arrays of parameters (``momenta``: (len(DECAYS), n)): the step before the
+        noise and the mean subtraction, and the standard deviation of the noise before the actor mask. The
+        normalised inputs are normalised per tensor (``tensors``, ``sizes`` as ``_layout``; None: one tensor)."""
+        n = jnp.shape(param)[0]
+        if tensors is None:
+            tensors, sizes = jnp.zeros((n,), jnp.int32), jnp.full((1,), n, jnp.float32)
         normalised = jnp.stack([param, *_sign_log(grad), *(f for m in momenta for f in _sign_log(m))], -1)
-        constant = [jnp.broadcast_to(jnp.asarray(v, jnp.float32), shape)
-                    for v in (progress.fraction, epoch_fraction, layer)]
-        x = jnp.concatenate([_rms_normalise(normalised.reshape(-1, normalised.shape[-1])).reshape(normalised.shape),
-                             jnp.stack([*constant, jnp.broadcast_to(dorm, shape)], -1)], -1)
-        out = self.net.apply(meta_params, x)
+        as_is = [jnp.broadcast_to(jnp.asarray(v, jnp.float32), (n,))
+                 for v in (progress.fraction, epoch_fraction, layer, dorm)]
+        out = self.net.apply(meta_params, jnp.concatenate([_rms_normalise(normalised, tensors, sizes),
+                                                           jnp.stack(as_is, -1)], -1))
         u = self.step_mult * out[..., 0] * jnp.exp(self.exp_mult * out[..., 1])
-        return u, (self.step_mult * out[..., 2] if self.stochastic else jnp.zeros(shape))
+        return u, (self.step_mult * out[..., 2] if self.stochastic else jnp.zeros((n,)))
 
     def apply(self, meta_params, config):
         base = adam(config) if self.residual else None
         clip = optax.clip_by_global_norm(config.max_grad_norm)
 
         def init(params):
-            momenta = jax.tree.map(lambda p: jnp.zeros((len(DECAYS), *jnp.shape(p)), jnp.float32), params)
-            return OpenState(momenta, base.init(params) if base else None)
+            size = ravel_pytree(params)[0].shape[0]
+            return OpenState(jnp.zeros((len(DECAYS), size), jnp.float32), base.init(params) if base else None)
 
+        # On one flat vector, as optax.flatten does for Adam: a few large operations, not a few per array.
         def update(grads, state, params, *, progress: Progress, epoch_fraction, dormancy, key):
-            momenta, base_state = state
-            raw, (grads, _) = grads, clip.update(grads, None)
-            decays = jnp.asarray(DECAYS, jnp.float32)
-            momenta = jax.tree.map(lambda m, g: decays.reshape((-1,) + (1,) * g.ndim) * m
-                                   + (1.0 - decays).reshape((-1,) + (1,) * g.ndim) * g, momenta, grads)
-            leaves, tree = jax.tree.flatten(params)
-            keys = jax.tree.unflatten(tree, list(jax.random.split(key, len(leaves))))
-
-            def one(p, g, m, layer, dorm, mask, k):
-                u, noise = self.step(meta_params, p, g, m, progress, epoch_fraction, layer, dorm)
-                return u + mask * noise * jax.random.normal(k, jnp.shape(p))
-            steps = jax.tree.map(one, params, grads, momenta, layer_positions(params), dormancy, actor_mask(params),
-                                 keys)
-            mean = jnp.mean(ravel_pytree(steps)[0])
-            updates = jax.tree.map(lambda u: -(u - mean), steps)
+            tensors, sizes, layers, mask = _layout(params)
+            flat_params, unravel = ravel_pytree(params)
+            g = ravel_pytree(clip.update(grads, None)[0])[0]
+            decays = jnp.asarray(DECAYS, jnp.float32)[:, None]
+            momenta = decays * state.momenta + (1.0 - decays) * g
+            u, noise = self.step(meta_params, flat_params, g, momenta, progress, epoch_fraction, layers,
+                                 ravel_pytree(dormancy)[0], tensors, sizes)
+            u = u + mask * noise * jax.random.normal(key, u.shape)
+            updates, base_state = unravel(-(u - u.mean())), state.base
             if base:
-                adam_updates, base_state = base.update(raw, base_state, params)  # Adam clips for itself
+                adam_updates, base_state = base.update(grads, base_state, params)  # Adam clips for itself
                 updates = jax.tree.map(jnp.add, adam_updates, updates)
             return updates, OpenState(momenta, base_state)
 
