@@ -20,9 +20,10 @@ loss from prediction, old prediction and target), ``policy_objective`` (per-samp
 probability ratio and advantage), ``schedule`` (multipliers of lr, ent_coef and clip_eps from the
 training progress, once per update) and ``optimiser`` (the optax transformation that turns each
 minibatch's gradient into the parameters' change; ``metarl.inner_loops.optimisers``). Their defaults are
-PPO's clipped value loss, clipped surrogate, constant hyperparameters and clipped, annealed Adam. ``train(key, meta_params)`` takes the layout every trainer here takes, a dict
-keyed by what each entry replaces: ``meta_params[SEAM]`` goes to that seam, and a float hyperparameter
-(names in ``FLOAT_FIELDS``) replaces the config's value.
+PPO's clipped value loss, clipped surrogate, constant hyperparameters and clipped, annealed Adam.
+``train(key, meta_params)`` takes the layout every trainer here takes, a dict keyed by what each entry
+replaces: ``meta_params[SEAM]`` goes to that seam, and a float hyperparameter (names in ``FLOAT_FIELDS``)
+replaces the config's value.
 """
 from __future__ import annotations
 

@@ -68,7 +68,8 @@ def test_learned_optimiser_trains_residual_zero_is_adam_and_nan_counts_as_diverg
     # Zero meta-parameters with residual: Adam's step plus zero. The two programs fuse differently, so equal to
     # float rounding rather than bit for bit.
     zero = jax.tree.map(jnp.zeros_like, meta)
-    residual, adam = train(CONFIG, {"optimiser": zero}, optimiser=dataclasses.replace(opt, residual=True)), train(CONFIG)
+    residual = train(CONFIG, {"optimiser": zero}, optimiser=dataclasses.replace(opt, residual=True))
+    adam = train(CONFIG)
     for x, y in zip(jax.tree.leaves(residual[0]), jax.tree.leaves(adam[0])):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=1e-6)
 
