@@ -37,7 +37,8 @@ def main(argv=None) -> dict:
         curves = jax.jit(jax.vmap(lambda k: train(k, meta)[1]["episode_return"]))(keys)
         return np.asarray(curves)[:, -max(1, curves.shape[1] // 5):].mean(axis=1).tolist()
 
-    result = {"env": args.env, "learned_optimiser": final(learned, {"optimiser": best.meta_params}),
+    result = {"env": args.env, "optimiser": repr(best.component),
+              "learned_optimiser": final(learned, {"optimiser": best.meta_params}),
               "adam": final(adam)}
     print(json.dumps(result))
     return result
