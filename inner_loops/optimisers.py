@@ -163,8 +163,8 @@ class LearnedOptimiser:
     dormancy (``dormancy``). Its outputs (o1, o2, o3) give the step u = 0.001 o1 exp(0.001 o2), plus, with
     ``stochastic``, the actor's noise 0.001 o3 N(0, 1) (OPEN's learned stochasticity); the parameters move by
     -(u - mean u), the mean over all parameters taken out as OPEN does. With ``residual`` the step is added
-    to Adam's as PPO configures it (``adam``), so zero meta-parameters are Adam exactly and evolution starts
-    from it; without, the step is the network's alone, as in OPEN.
+    to Adam's as PPO configures it (``adam``), so zero meta-parameters are Adam (to float rounding) and
+    evolution starts from it; without, the step is the network's alone, as in OPEN.
     """
 
     hidden: tuple = (16,)
