@@ -248,7 +248,7 @@ class LearnedOptimiser:
 
         fractions = (0.0, 1 / 3, 2 / 3, 1.0)   # as many as plots.formula_figure has colours
         at = lambda f: [(f"learned, {t:.0%} of training done", f(t), "formula") for t in fractions]  # noqa: E731
-        adam = ("Adam, -lr sign (lr at the start)", adam_change(0.0, x), "baseline")
+        adam = (f"Adam at the start, -lr sign (lr {float(config.lr):g})", adam_change(0.0, x), "baseline")
         rows = [[{"title": "steady gradient: g and every momentum equal", "ylabel": "change of the parameter",
                   "curves": [adam, *at(lambda t: change(x, x, t))]},
                  {"title": "fresh gradient g, every momentum 0", "ylabel": "change of the parameter",
@@ -264,7 +264,8 @@ class LearnedOptimiser:
         mean_of = lambda layer, noise=False: np.array(  # noqa: E731
             [np.mean(np.abs(change(x, x, f, layer, noise))) for f in t])
         step_rows = [[{"title": "mean step size over training (steady gradients)", "ylabel": "mean |change|",
-                       "curves": [("Adam (lr as configured)", np.array([lr(f) for f in t]), "baseline"),
+                       "curves": [(f"Adam, lr {float(config.lr):g}" + (" annealed" if config.anneal_lr else ""),
+                                   np.array([lr(f) for f in t]), "baseline"),
                                   *[(f"learned, layer position {p:g}", mean_of(p), "formula") for p in layers]]}]]
         if self.stochastic:
             step_rows[0].append({"title": "learned noise added to the actor's parameters", "ylabel": "noise std",
