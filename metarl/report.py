@@ -31,10 +31,8 @@ def format_report(report: dict) -> str:
         lines.append("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
                                                     for k, v in t["hyperparameters"].items())
                      + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
-                     + (f"; its fitness on fresh seeds {t['fitness']:.3f} {bracket(t['fitness_ci95'])}"
-                        if t.get("fitness_ci95") else "")
-                     + (f", as the best of its candidates {bracket(t['fitness_ci95_best_of'])}"
-                        if t.get("fitness_ci95_best_of") else ""))
+                     + (f"; its fitness on fresh seeds {t['fitness']:.3f} {bracket(t['fitness_ci95_best_of'])} "
+                        "(adjusted for the best of its candidates)" if t.get("fitness_ci95_best_of") else ""))
         if t.get("tunings"):  # several tunings: how far apart they landed
             lines.append(f"spread across {len(t['tunings'])} tunings (baseline: {t['chosen_by']}): " + ", ".join(
                 f"{k} {low:.4g} to {high:.4g}" for k, (low, high) in t["spread"].items()))

@@ -90,7 +90,7 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     text = evaluate.format_report(report)
     assert "p vs tuned" in text and "p vs config" in text and "P(learned > baseline as configured)" in text
     assert f"its fitness on fresh seeds {tuned['fitness']:.3f} [" in text
-    assert ", as the best of its candidates [" in text
+    assert "] (adjusted for the best of its candidates)" in text
     assert "spread across 2 tunings (baseline: the best of 2 tunings on 4 fresh seeds): fresh_fitness " in text
     # One final return for the search and the evaluation: the run's fitness.statistic and window.
     assert report["statistic"] == "mean episode return over the last 20% of updates (the search's fitness statistic)"
