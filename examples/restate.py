@@ -13,10 +13,17 @@ import sys
 from pathlib import Path
 
 
+# Older records name no roles: their labels' beginnings do.
+ROLES = (("learned", "learned"), ("formula", "formula"), ("tuned per task", "per_task"),
+         ("baseline as configured", "configured"), ("tuned baseline", "baseline"), ("baseline", "baseline"))
+
+
 def restate(path: Path) -> dict:
     from metarl import evaluate
 
     report = json.loads(path.read_text())
+    report.setdefault("sides", [{"label": label, "role": next(r for start, r in ROLES if label.startswith(start))}
+                                for label in report["tasks"][0]["sides"]])
     figure = (report.get("payoff") or {}).get("figure")
     evaluate.restate(report)
     if report.get("payoff") and figure:

@@ -78,7 +78,8 @@ def bootstrap(statistic: Callable[[dict], list], raw: dict, random: np.ndarray, 
     """``(statistic(scores), draws)``: ``statistic`` of each side's normalised scores (seeds x tasks: (R - random) /
     (the baseline's mean - random), a diverged seed 0) and of ``reps`` stratified resamples of every side's raw
     returns, the baseline's mean that normalises recomputed in each, so its seed noise is in the interval.
-    ``paired``: one draw of seed indices for every side (seed i of each trains from one key), else one per side."""
+    ``paired``: one draw of seed indices for every side (seed i of each trains from one key), else one per side
+    (whose seeds may then differ in number)."""
     from metarl.outer_loops.fitness import spans
     n, tasks = raw[baseline].shape
 
@@ -88,7 +89,7 @@ def bootstrap(statistic: Callable[[dict], list], raw: dict, random: np.ndarray, 
     draws = []
     for _ in range(reps):
         shared = rng.randint(n, size=(n, tasks))
-        draws.append(scores({k: v[shared if paired else rng.randint(n, size=(n, tasks)), np.arange(tasks)]
+        draws.append(scores({k: v[shared if paired else rng.randint(len(v), size=v.shape), np.arange(tasks)]
                              for k, v in raw.items()}))
     return scores(raw), np.asarray(draws)
 
