@@ -31,6 +31,7 @@ from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
 EVAL_ROOT = 10_000
 ALPHA = 0.05
+AGGREGATES = ("iqm_learned", "iqm_baseline", "iqm_difference", "probability_of_improvement")
 
 
 def eval_keys(run_seed: int, num_seeds: int):
@@ -179,11 +180,10 @@ def aggregate(rows: list[dict], roles: dict, reps: int = 2000) -> dict:
             stats.probability_of_improvement(n[roles[a]], n[roles[b]]))]
         point, draws = stats.bootstrap(statistic, raw, np.array([r["random_return"] for r in rows]),
                                        roles["baseline"], reps, np.random.RandomState(0))
-        found, ci = {}, stats.percentile(draws)
-        for i, (_, key, *_) in enumerate(pairs):
-            names = ("iqm_learned", "iqm_baseline", "iqm_difference", "probability_of_improvement")
-            found[key] = {**{n: float(point[4 * i + j]) for j, n in enumerate(names)},
-                          **{f"{n}_ci95": ci[4 * i + j] for j, n in enumerate(names)}}
+        ci, found = stats.percentile(draws), {}
+        for i, (_, key, *_) in enumerate(pairs):   # the challenger's IQM as "learned", the reference's as "baseline"
+            found[key] = {**dict(zip(AGGREGATES, point[4 * i:].tolist())),
+                          **dict(zip([n + "_ci95" for n in AGGREGATES], ci[4 * i:]))}
         return {"tasks": len(rows), **found.pop(None, {}), **found}
     kept = [r for r in rows if not r["degenerate"]]
     if len(kept) in (0, len(rows)):

@@ -104,7 +104,7 @@ def _table(report: dict, roles: dict) -> list[str]:
                      + "".join(f"{r[test]['paired_p']:>13.3g}" for test, _ in tests))
     flagged = [r["task"] for r in report["tasks"] if r["degenerate"]]
     return lines + [f"flagged: {', '.join(flagged)}: the baseline does not clear random play beyond noise (one-sided "
-                    "Welch p >= 0.05), so the normalised score has no scale: left out of the aggregates"] * bool(flagged)
+                    "Welch p >= 0.05): no scale to normalise by, left out of the aggregates"] * bool(flagged)
 
 
 def _aggregate_lines(report: dict, roles: dict) -> list[str]:
@@ -121,7 +121,8 @@ def _aggregate_lines(report: dict, roles: dict) -> list[str]:
                      else [(b, "baseline")] if a == "learned" else [(a, "learned")])
             iqms += [f"{_short(roles[side])} {v[f'iqm_{which}']:.3f} {bracket(v[f'iqm_{which}_ci95'])}"
                      for side, which in added]
-            better.append(f"{named[a]} - {named[b]} {v['iqm_difference']:+.3f} {bracket(v['iqm_difference_ci95'], '+.3f')}"
+            better.append(f"{named[a]} - {named[b]} {v['iqm_difference']:+.3f} "
+                          f"{bracket(v['iqm_difference_ci95'], '+.3f')}"
                           + (f" (flagged in: {w['iqm_difference']:+.3f} {bracket(w['iqm_difference_ci95'], '+.3f')})"
                              if w else "") + f", P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
                           f"{bracket(v['probability_of_improvement_ci95'])}")

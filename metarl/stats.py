@@ -1,18 +1,17 @@
 """Aggregate statistics over tasks (scores: runs x tasks) with stratified bootstrap confidence intervals, in numpy
-and scipy, as rliable computes them (Agarwal et al., 2021): given a ``RandomState`` seeded as numpy's global
-generator, ``interval`` returns ``rliable.library.get_interval_estimates``'s numbers (tests/test_stats.py)."""
+and scipy, as rliable computes them (Agarwal et al., 2021; tests/test_stats.py checks against it), except that every
+side's seeds and the mean that normalises are resampled together (``bootstrap``)."""
 from __future__ import annotations
 
 import warnings
 from typing import Callable, Optional
 
 import numpy as np
-from scipy import special
+import scipy.stats
 
 
 def iqm(scores: np.ndarray) -> float:
     """Interquartile mean over all runs and tasks: the mean of the middle 50% (a 25% trimmed mean)."""
-    import scipy.stats  # a second to import, which a run (it needs only ``t_interval``) does without
     return float(scipy.stats.trim_mean(scores, proportiontocut=0.25, axis=None))
 
 
@@ -32,7 +31,6 @@ def holm(p) -> np.ndarray:
 def welch(a: np.ndarray, b: np.ndarray, **kwargs):
     """scipy's Welch t-test (unequal variances). A side with one value on every seed (a task at its ceiling) makes
     scipy warn of precision loss, though its zero variance is exact; the p it returns is the test's."""
-    import scipy.stats  # as in iqm
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
         return scipy.stats.ttest_ind(a, b, equal_var=False, **kwargs)
@@ -43,9 +41,7 @@ def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
     x = np.asarray(x, dtype=float)
     n, mean = np.sum(np.isfinite(x), axis=axis), np.nanmean(x, axis=axis)
     with np.errstate(invalid="ignore", divide="ignore"):
-        half = special.stdtrit(np.maximum(n - 1, 1), 0.5 + level / 2) * np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n)
-    half = np.where(n >= 2, half, np.nan)
-    return mean - half, mean + half
+        return scipy.stats.t.interval(level, n - 1, mean, np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n))
 
 
 def t_bounds(x: np.ndarray, level: float = 0.95) -> list[float]:
@@ -61,16 +57,6 @@ def bracket(bounds, spec: str = ".3f") -> str:
 def best_finite(values: np.ndarray) -> int:
     """The index of the largest value, a non-finite one (diverged) never chosen."""
     return int(np.argmax(np.where(np.isfinite(values), values, -np.inf)))
-
-
-def interval(statistic: Callable[..., float], scores: tuple[np.ndarray, ...], reps: int,
-             rng: np.random.RandomState, size: float = 0.95) -> tuple[float, list[float]]:
-    """``(statistic(*scores), [lower, upper])``: a stratified bootstrap interval, ``reps`` draws (NaN ones left out)."""
-    results = [statistic(*[s[rng.choice(s.shape[0], s.shape, replace=True), np.arange(s.shape[1])] for s in scores])
-               for _ in range(reps)]
-    alpha = (1.0 - size) / 2
-    lower, upper = np.nanpercentile(results, [100 * alpha, 100 * (1.0 - alpha)])
-    return float(statistic(*scores)), [float(lower), float(upper)]
 
 
 def bootstrap(statistic: Callable[[dict], list], raw: dict, random: np.ndarray, baseline: str, reps: int,
@@ -103,7 +89,7 @@ def fieller(num: float, den: float, draws: np.ndarray, level: float = 0.95) -> O
     """Fieller's interval for ``num / den``, their (co)variances from bootstrap ``draws`` (reps x 2); None (unbounded)
     where the denominator is not clear of 0 at ``level``, so that no finite interval holds the ratio."""
     (var_num, cov), (_, var_den) = np.cov(np.asarray(draws, float).T)
-    z2 = special.ndtri(0.5 + level / 2) ** 2
+    z2 = scipy.stats.norm.ppf(0.5 + level / 2) ** 2
     a, b, c = den * den - z2 * var_den, num * den - z2 * cov, num * num - z2 * var_num
     if not a > 0:
         return None
