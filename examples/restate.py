@@ -5,6 +5,8 @@
 Each JSON (a ``metarl.evaluate`` report, such as the records under docs/runs/) gets the statistics today's
 ``metarl.evaluate`` computes (``metarl.evaluate.restate``), written back in place; its figures' paths are kept.
 Prints each report as the command prints it. A headroom study is re-stated by ``examples/headroom.py --restate``.
+A pick's record (``validation.json``) older than its interval adjusted for the choice gets it, from its 95%
+t-interval (mean and standard error are recoverable from it).
 """
 from __future__ import annotations
 
@@ -18,9 +20,25 @@ ROLES = (("learned", "learned"), ("formula", "formula"), ("tuned per task", "per
          ("baseline as configured", "configured"), ("tuned baseline", "baseline"), ("baseline", "baseline"))
 
 
+def adjust_pick(path: Path) -> dict:
+    """validation.json with each candidate's ``validation_ci95_best_of``: its t-interval at 1 - 0.05 / candidates."""
+    from scipy import stats
+
+    record = json.loads(path.read_text())
+    rows, df = record["candidates"], record["seeds"] - 1
+    for row in rows:
+        (low, high), mean = row["validation_ci95"], row["validation_fitness"]
+        half = (high - low) / 2 * stats.t.ppf(1 - 0.025 / len(rows), df) / stats.t.ppf(0.975, df)
+        row.setdefault("validation_ci95_best_of", [mean - half, mean + half])
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
 def restate(path: Path) -> dict:
     from metarl import evaluate
 
+    if path.name == "validation.json":
+        return adjust_pick(path)
     report = json.loads(path.read_text())
     report.setdefault("sides", [{"label": label, "role": next(r for start, r in ROLES if label.startswith(start))}
                                 for label in report["tasks"][0]["sides"]])
@@ -42,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     for path in paths:
-        print(format_report(restate(path)) + "\n")
+        record = restate(path)
+        print(format_report(record) + "\n" if "tasks" in record else f"{path}: the pick's adjusted interval added")
     return 0
 
 
