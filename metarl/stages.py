@@ -283,7 +283,7 @@ def _rescore(evo: Evolution, candidates, keys, what: str, shown: bool) -> tuple:
 def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05, name: str = "") -> list[str]:
     """Signs that a tuning (``name``) has not found its optimum: a value within ``edge`` (of the range, log where it
     is) of an end, or a population mean rising over the last third of the generations by more than twice its
-    scatter; under 6 generations, too few to judge that (a trend through 3 points says nothing)."""
+    scatter; under 8 generations, too few to judge that (the last third's trend needs 4 points at least)."""
     found, name = [], name and name + ": "
     for key, value in values.items():
         low, high = space[key]["low"], space[key]["high"]
@@ -294,8 +294,8 @@ def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05
             found.append(f"{name}{key} {value:.4g} lies within {edge:.0%} of its range's {end} end {bound:.4g}; "
                          f"widen baseline.tune.{key}")
     means = np.array([r["mean"] for r in history if r.get("mean") is not None], float)
-    last = means[-max(3, len(means) // 3):]
-    if len(means) < 6:
+    last = means[-max(4, len(means) // 3):]
+    if len(means) < 8:
         found.append(f"{name}{len(means)} generations are too few to judge whether the population mean still rises")
     else:
         slope, intercept = np.polyfit(np.arange(len(last)), last, 1)

@@ -43,6 +43,9 @@ def test_the_four_sided_evaluation_with_matched_compute_and_break_even(tmp_path)
     best = int(np.argmax([first["fresh_fitness"], second["fresh_fitness"]]))
     assert tuned["matched"]["chosen"] == best
     assert tuned["matched"]["hyperparameters"] == tuned["tunings"][best]["hyperparameters"]
+    # every tuning a side uses is checked, the matched baseline's too; 2 generations are too few to judge a trend
+    for i in {0, best}:
+        assert f"{tuned['tunings'][i]['run_dir']}: 2 generations are too few to judge" in " ".join(tuned["warnings"])
     assert tuned["trainings"] == first["trainings"] + 2 * 2              # one tuning and its fresh seeds (paired)
     assert tuned["matched"]["trainings"] == tuned["trainings"] + second["trainings"] + 2 * 2
 

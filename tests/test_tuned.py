@@ -216,6 +216,9 @@ def test_a_tuning_on_its_ranges_edge_or_still_rising_is_flagged():
     space = {"lr": {"low": 1e-4, "high": 1e-2, "log": True}, "clip_eps": {"low": 0.05, "high": 0.4}}
     flat = [{"mean": m} for m in (0.1, 0.5, 0.6, 0.55, 0.62, 0.58, 0.61, 0.57, 0.6)]
     assert tuning_warnings(space, {"lr": 1.5e-4, "clip_eps": 0.2}, flat) == []
+    # a trend through the last 3 of 7 generations says nothing: too few to judge, named by its tuning
+    assert tuning_warnings(space, {"lr": 1.5e-4, "clip_eps": 0.2}, flat[:7], name="tune-2") == [
+        "tune-2: 7 generations are too few to judge whether the population mean still rises"]
     assert tuning_warnings(space, {"lr": 1.1e-4, "clip_eps": 0.39}, flat) == [
         "lr 0.00011 lies within 5% of its range's low end 0.0001; widen baseline.tune.lr",
         "clip_eps 0.39 lies within 5% of its range's high end 0.4; widen baseline.tune.clip_eps"]
