@@ -40,8 +40,9 @@ def t_interval(x: np.ndarray, axis: int = 0, level: float = 0.95):
     """Mean's t-based confidence interval over ``axis`` (NaN where fewer than 2 values)."""
     x = np.asarray(x, dtype=float)
     n, mean = np.sum(np.isfinite(x), axis=axis), np.nanmean(x, axis=axis)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return scipy.stats.t.interval(level, n - 1, mean, np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n))
+    with np.errstate(invalid="ignore", divide="ignore"):   # t.ppf is NaN below 2 values; a zero spread stays 0
+        half = scipy.stats.t.ppf(0.5 + level / 2, n - 1) * np.nanstd(x, axis=axis, ddof=1) / np.sqrt(n)
+    return mean - half, mean + half
 
 
 def t_bounds(x: np.ndarray, level: float = 0.95) -> list[float]:

@@ -150,6 +150,13 @@ def test_estimators_equal_rliable():
     assert stats.probability_of_improvement(baseline, baseline) == 0.5
 
 
+def test_t_interval_of_a_constant_sample_is_the_constant_and_of_one_value_nan():
+    assert stats.t_bounds(np.full(4, 500.0)) == [500.0, 500.0]
+    assert np.isnan(stats.t_bounds(np.array([1.0]))).all()
+    low, high = stats.t_bounds(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert low == pytest.approx(2.5 - 3.182446 * np.std([1, 2, 3, 4], ddof=1) / 2, rel=1e-5) and high > 2.5
+
+
 def test_welch_at_a_ceiling_gives_its_p_without_scipys_precision_warning():
     # CartPole at 500 on every seed on one side: scipy warns of precision loss although the variance is exactly 0.
     ceiling, other = np.full(16, 500.0), np.r_[np.full(12, 500.0), 480.0, 470.0, 490.0, 495.0]
