@@ -73,3 +73,18 @@ def test_rendered_tables_are_their_records():
     runs = ROOT / "docs" / "runs" / "high_lr_schedule"
     sweep = load(ROOT / "examples" / "lr_sweep.py").table(json.loads((runs / "lr_sweep.json").read_text()))
     assert (runs / "lr_sweep.md").read_text() == sweep + "\n"
+
+
+def test_a_stored_evaluation_holds_todays_statistics(tmp_path):
+    """examples/restate.py on a copy of a record changes none of its statistics: the records were re-stated with
+    the statistics metarl computes now (rerun it after changing them)."""
+    import shutil
+
+    record = ROOT / "docs" / "runs" / "horizon_cpu" / "evaluation_held-out_per_task16-64.json"
+    copy = tmp_path / record.name
+    shutil.copy(record, copy)
+    load(ROOT / "examples" / "restate.py").restate(copy)
+    stored, again = json.loads(record.read_text()), json.loads(copy.read_text())
+    for key in ("aggregate", "payoff", "paired"):
+        assert json.dumps(stored[key], sort_keys=True) == json.dumps(again[key], sort_keys=True), key
+    assert [r["degenerate"] for r in stored["tasks"]] == [r["degenerate"] for r in again["tasks"]]
