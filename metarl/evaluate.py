@@ -53,8 +53,8 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
     paired t-test over the seeds finite on both (seed i of every side trains from one key: ``eval_keys``)."""
     import scipy.stats
     a, b, both = learned[np.isfinite(learned)], baseline[np.isfinite(baseline)], np.isfinite(learned + baseline)
-    t, mwu = stats.welch(a, b), scipy.stats.mannwhitneyu(a, b, alternative="two-sided")
-    p = float(scipy.stats.ttest_rel(learned[both], baseline[both]).pvalue)
+    t, mwu = stats.t_test(a, b), scipy.stats.mannwhitneyu(a, b, alternative="two-sided")
+    p = float(stats.t_test(learned[both], baseline[both], paired=True).pvalue)
     diff = float(np.mean(a) - np.mean(b))
     return {"difference": diff, "welch_t": float(t.statistic), "welch_df": float(t.df), "welch_p": float(t.pvalue),
             "mannwhitney_u": float(mwu.statistic), "mannwhitney_p": float(mwu.pvalue), "paired_p": p, "alpha": ALPHA,
@@ -194,14 +194,14 @@ def aggregate(rows: list[dict], roles: dict, reps: int = 2000) -> dict:
 def restate(report: dict, frames_per_training: Optional[int] = None) -> dict:
     """The report's statistics from its per-seed final returns (``evaluate``'s, and a stored record's again): per
     task the normalised scores, the tests and whether the baseline clears random play beyond noise (one-sided
-    Welch against random play's seeds, their mean alone in older records); the aggregates per split; the payoff."""
+    Welch against random play's seeds); the aggregates per split; the payoff."""
     roles = {side["role"]: side["label"] for side in report["sides"]}
     report["paired"] = "seed i of every side trains from one key: paired t-tests, seeds resampled jointly"
     for row in report["tasks"]:
         finals = {label: np.asarray(side["final_returns"], float) for label, side in row["sides"].items()}
         base = finals[roles["baseline"]]
-        clears = stats.welch(base[np.isfinite(base)], np.asarray(row.get("random_returns", [row["random_return"]] * 2)),
-                             alternative="greater").pvalue
+        random = np.asarray(row.get("random_returns", [row["random_return"]] * 2))   # older records: the mean alone
+        clears = stats.t_test(base[np.isfinite(base)], random, alternative="greater").pvalue
         norm = payoff.normalised(row, finals, roles["baseline"])
         row.update(normalized={label: float(np.mean(v)) for label, v in norm.items()},
                    normalized_ci95={label: stats.t_bounds(v) for label, v in norm.items()},

@@ -29,7 +29,6 @@ def payoff(report: dict, frames_per_training: int, reps: int = 2000) -> dict | N
     """The summary (None unless the report has held-out tasks, a learned side, a per-task side and a task whose
     baseline clears random play: the rest are flagged, left out). Every side's seeds and the normalising mean are
     resampled together; seed i of every side trains from one key, so the per-pair t-tests are paired."""
-    import scipy.stats
     from metarl.pertask import label
     roles = {side["role"]: side["label"] for side in report["sides"]}
     held = [row for row in report["tasks"] if row["split"] == "held-out"]
@@ -48,9 +47,9 @@ def payoff(report: dict, frames_per_training: int, reps: int = 2000) -> dict | N
                                    np.random.RandomState(0))
     ci, n = stats.percentile(draws), [normalised(row, (learned, base), base) for row in kept]
     # per pair: H0 "worse by the margin or more" (non-inferiority) and H0 "no difference", each Holm over the pairs
-    p_ni = stats.holm([scipy.stats.ttest_rel(s[learned] + BAR["margin"], s[base], alternative="greater").pvalue
+    p_ni = stats.holm([stats.t_test(s[learned] + BAR["margin"], s[base], paired=True, alternative="greater").pvalue
                        for s in n])
-    p_diff = stats.holm([scipy.stats.ttest_rel(s[learned], s[base]).pvalue for s in n])
+    p_diff = stats.holm([stats.t_test(s[learned], s[base], paired=True).pvalue for s in n])
     gains = {row["task"]: float(np.mean(s[learned] - s[base])) for row, s in zip(kept, n)}
     not_worse = [row["task"] for row, q in zip(kept, p_ni) if q < ALPHA]
     c, frames = report["compute"], {row["task"]: row["total_timesteps"] for row in kept}

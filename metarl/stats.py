@@ -28,11 +28,14 @@ def holm(p) -> np.ndarray:
     return adjusted[np.argsort(order)]
 
 
-def welch(a: np.ndarray, b: np.ndarray, **kwargs):
-    """scipy's Welch t-test (unequal variances). A side with one value on every seed (a task at its ceiling) makes
-    scipy warn of precision loss, though its zero variance is exact; the p it returns is the test's."""
+def t_test(a: np.ndarray, b: np.ndarray, paired: bool = False, **kwargs):
+    """scipy's Welch t-test (unequal variances), or with ``paired`` its paired one. A side with one value on every
+    seed (a task at its ceiling) makes scipy warn of precision loss, though its zero variance is exact; the p it
+    returns is the test's."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Precision loss occurred", RuntimeWarning)
+        if paired:
+            return scipy.stats.ttest_rel(a, b, **kwargs)
         return scipy.stats.ttest_ind(a, b, equal_var=False, **kwargs)
 
 

@@ -163,7 +163,9 @@ def test_welch_at_a_ceiling_gives_its_p_without_scipys_precision_warning():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = evaluate.compare(ceiling, other)
-        p = stats.welch(ceiling, other, alternative="less").pvalue
+        paired = stats.t_test(ceiling, other, paired=True).pvalue
+        p = stats.t_test(ceiling, other, alternative="less").pvalue
     assert not [w for w in caught if "Precision loss" in str(w.message)]
     assert 0.0 < result["welch_p"] < 1.0 and result["welch_df"] == pytest.approx(15.0)
     assert p == pytest.approx(1.0 - result["welch_p"] / 2)   # one-sided (less) of a positive t
+    assert result["paired_p"] == paired and 0.0 < paired < 1.0
