@@ -170,3 +170,23 @@ def test_welch_at_a_ceiling_gives_its_p_without_scipys_precision_warning():
     assert 0.0 < result["welch_p"] < 1.0 and result["welch_df"] == pytest.approx(15.0)
     assert p == pytest.approx(1.0 - result["welch_p"] / 2)   # one-sided (less) of a positive t
     assert result["paired_p"] == paired and 0.0 < paired < 1.0
+
+
+def test_headroom_resamples_tunings_as_clusters_and_adjusts_for_its_tests():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "headroom.py"
+    spec = importlib.util.spec_from_file_location("headroom", path)
+    headroom = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headroom)
+    # 3 tunings whose picks land far apart (seed i trained with tuning i % 3), each tight within
+    rng = np.random.default_rng(0)
+    a = np.array([[10.0, 20.0, 30.0][i % 3] + rng.normal(0, 0.5) for i in range(16)])
+    clustered = headroom.resampled_means(a, 3, np.random.RandomState(0))
+    plain = headroom.resampled_means(a, 1, np.random.RandomState(0))   # seeds alone: the tunings' spread unseen
+    assert clustered.std() > 2 * plain.std() and abs(plain.mean() - a.mean()) < 0.1
+    sides = {"per task": {"final_returns": a.tolist()}, "once": {"final_returns": rng.normal(18, 1, 16).tolist()}}
+    g = headroom.gain({"sides": sides, "random_return": 0.0}, "per task", "once", tunings=3)
+    assert g["ci_family"][0] < g["ci95"][0] < g["gain"] < g["ci95"][1] < g["ci_family"][1]
+    assert headroom.FAMILY == 30   # a pair wins if any of its k does: every (pair, k) is a test of the family
