@@ -54,7 +54,8 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
     import scipy.stats
     a, b, both = learned[np.isfinite(learned)], baseline[np.isfinite(baseline)], np.isfinite(learned + baseline)
     t, mwu = stats.t_test(a, b), scipy.stats.mannwhitneyu(a, b, alternative="two-sided")
-    p = float(stats.t_test(learned[both], baseline[both], paired=True).pvalue)
+    a_, b_ = learned[both], baseline[both]   # every difference equal (say, none before an update): no t; p 1 or 0
+    p = float(stats.t_test(a_, b_, paired=True).pvalue) if np.unique(a_ - b_).size != 1 else float((a_ == b_).all())
     diff = float(np.mean(a) - np.mean(b))
     return {"difference": diff, "welch_t": float(t.statistic), "welch_df": float(t.df), "welch_p": float(t.pvalue),
             "mannwhitney_u": float(mwu.statistic), "mannwhitney_p": float(mwu.pvalue), "paired_p": p, "alpha": ALPHA,

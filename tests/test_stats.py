@@ -170,6 +170,8 @@ def test_welch_at_a_ceiling_gives_its_p_without_scipys_precision_warning():
     assert 0.0 < result["welch_p"] < 1.0 and result["welch_df"] == pytest.approx(15.0)
     assert p == pytest.approx(1.0 - result["welch_p"] / 2)   # one-sided (less) of a positive t
     assert result["paired_p"] == paired and 0.0 < paired < 1.0
+    # both sides the same on every seed (before any update, say): no t to compute, and no difference
+    assert evaluate.compare(ceiling, ceiling)["paired_p"] == 1.0 and evaluate.compare(ceiling + 1, ceiling)["paired_p"] == 0
 
 
 def test_headroom_resamples_tunings_as_clusters_and_adjusts_for_its_tests():
