@@ -11,6 +11,7 @@ puts the current directory there, ``PYTHONPATH`` adds others).
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 from typing import Any, Callable
@@ -85,8 +86,10 @@ def instantiate(path: str, args: dict, field: str = TARGET, arg_field: str | Cal
             raise ValueError(f"{name_of(key)}: set by metarl, not by the config; allowed: "
                               f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
         if not any_kwargs and key not in names:
-            raise ValueError(f"{name_of(key)}: not an argument of {path}; allowed: "
-                              f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
+            allowed = [n for n in names if n not in injected and n not in reserved]
+            close = difflib.get_close_matches(key, allowed, n=1)
+            raise ValueError(f"{name_of(key)}: not an argument of {path}; allowed: {', '.join(allowed) or 'none'}"
+                             + (f" (did you mean {close[0]}?)" if close else ""))
     # Hydra builds the class with the config's arguments (a nested `_target_` among them is built
     # too); lists are handed over as tuples afterwards, since Hydra would turn them back into lists and
     # static config fields must be hashable, and metarl's own objects (templates, optimizers) go in

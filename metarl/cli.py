@@ -29,7 +29,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
     """``function(RUN_DIR, **options)``, options read as ``metarl.evolve`` reads its own, printed by ``show``."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
+        print(usage.replace("``", ""))  # the module's docstring, without reStructuredText's literal quotes
         raise SystemExit(0 if argv else EXIT_BAD_INPUT)
     keys = list(inspect.signature(function).parameters)
     hints = typing.get_type_hints(function)
@@ -45,7 +45,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
             key = override.key_or_group
             if key not in keys or override.is_sweep_override() or override.is_delete():
                 raise ConfigError(f"argument {arg!r}: not a setting of this command; allowed: "
-                                  f"{', '.join(f'{k}=' for k in keys)}")
+                                  f"{', '.join(f'{k}=' for k in keys)}{errors.suggest(key, keys)}")
             value = override.value()
             if key == "run_dir":  # a path as written (``run_dir=1e3`` names the directory 1e3, not 1000.0)
                 options[key] = value if isinstance(value, str) else arg.split("=", 1)[1]
@@ -53,7 +53,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
                 options[key] = config_lib.coerce(value, hints[key], key)
         if "run_dir" not in options:
             raise ConfigError("run_dir: not given; allowed: run_dir=PATH, the directory of a run")
-        check_run_to_read(options["run_dir"])
+        RunDir(options["run_dir"]).require_run()
     except ConfigError as err:
         fail(str(err))
     try:
@@ -63,10 +63,6 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
     if text := show(result):
         print(text)
     return 0
-
-
-def check_run_to_read(run_dir: str | Path) -> None:  # ConfigError if it is not a run's directory
-    RunDir(run_dir).require_run()
 
 
 @contextlib.contextmanager

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import os
-import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_module
@@ -19,14 +18,14 @@ from pydantic import TypeAdapter
 from pydantic_core import SchemaValidator, ValidationError
 
 from metarl import experiments
-from metarl.errors import ConfigError, one_line
+from metarl.errors import ConfigError, one_line, suggest
 from metarl.outer_loops.es_config import ESConfig
 from metarl.inner_loops.config_checks import INT32_MAX
 
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
 RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "fitness.validation_seeds", "checkpoint", "logger",
-                    "devices")
+                    "devices", "watchdog")
 
 
 def _checked(allowed: str, ok, **default):
@@ -91,6 +90,12 @@ class CheckpointSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class WatchdogSection:   # docs/resume.md: a generation over factor x the longest before it (min_seconds) ends it
+    factor: float = _checked("0 (off) or a number >= 2", lambda f: f == 0 or f >= 2, default=10.0)
+    min_seconds: float = _checked("> 0", lambda s: s > 0, default=60.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class WandbSection:
     mode: str = _choice("disabled", "offline", "online")
     project: str = "metarl"
@@ -142,6 +147,7 @@ class RunConfig:
     fitness: FitnessSection = FitnessSection()
     baseline: BaselineSection = BaselineSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    watchdog: WatchdogSection = WatchdogSection()
     logger: LoggerSection = LoggerSection()
     devices: DevicesSection = DevicesSection()
 
@@ -190,7 +196,8 @@ def coerce(value, tp, path):
         error = err.errors()[0]
     where, loc, kind = path + ".".join(map(str, error["loc"])), error["loc"], error["type"]
     if kind in ("unexpected_keyword_argument", "invalid_key"):
-        raise ConfigError(f"{where}: unknown setting; allowed: {_keys(tp, loc[:-1])}")
+        raise ConfigError(f"{where}: unknown setting; allowed: {_keys(tp, loc[:-1])}"
+                          + suggest(str(loc[-1]), _keys(tp, loc[:-1]).split(", ")))
     allowed = f"a mapping of {_keys(tp, loc)}" if kind == "dataclass_type" else _ALLOWED.get(kind, error["msg"])
     raise ConfigError(f"{where}: {error['input']!r}; allowed: {allowed}")
 
@@ -243,11 +250,6 @@ OmegaConf.register_new_resolver("metarl_sweep_dir", lambda run_dir, experiment, 
                                 f"checkpoints/{experiment or 'sweep'}-{date}-sweep", replace=True)
 
 
-def default_run_dir(experiment: str) -> Path:
-    """A new run's directory when ``run_dir`` is not given (made unique when it is taken)."""
-    return Path(f"checkpoints/{experiment}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
 def experiment_names() -> list[str]:
     return sorted(p.stem for p in Path(experiments.__file__).with_name("experiment").glob("*.yaml"))
 
@@ -276,7 +278,7 @@ def load(experiment: str, overrides: list[str] = (), config_dir: str | None = No
             HydraConfig.instance().set_config(composed)  # for ${hydra:...}
             return from_composed(composed)
     except (HydraException, OmegaConfBaseException) as err:
-        raise one_line(err) from None
+        raise one_line(err, keys()) from None
 
 
 def with_tuned(cfg: RunConfig, tuned: dict | None) -> RunConfig:
@@ -287,6 +289,12 @@ def with_tuned(cfg: RunConfig, tuned: dict | None) -> RunConfig:
 def from_dict(data: dict) -> RunConfig:
     # Runs saved before user experiments came through --config-dir recorded the folder as a setting.
     return build(RunConfig, {k: v for k, v in data.items() if k != "experiments_dir"})
+
+
+def keys() -> list[str]:
+    """Every key of the config at every level (``es``, ``es.popsize``, ...): what a misspelt key is compared with."""
+    return sorted({key.rsplit(".", n)[0] for key in flatten(to_dict(RunConfig(experiment="")))
+                   for n in range(key.count(".") + 1)})
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metarl import compilation, kinds, results, rundir
-from metarl.cli import check_run_to_read, run_command
+from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
                                            VALUE_LOSS_INPUTS, Progress, apply_component, formula_function,
@@ -246,7 +246,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
     for name, value, least in (("max_size", max_size, 3), ("evaluations", evaluations, 1000), ("samples", samples, 10)):
         if value < least:
             raise ConfigError(f"{name}: {value}; allowed: >= {least}")
-    check_run_to_read(run_dir)
+    rundir.RunDir(run_dir).require_run()
     run_dir, run, t = Path(run_dir), rundir.RunDir(run_dir), time.perf_counter()
     cfg, task = results.load_run(run_dir)
     if task.kind.formula is None:

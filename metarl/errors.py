@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import re
-from typing import Callable
+from typing import Callable, Iterable
 
 
 class ConfigError(ValueError):
@@ -39,21 +40,27 @@ def layer_errors(where: str | Callable[[str], str]):
         raise ConfigError(f"{layer_path(where, key.strip())}:{rest}") from None
 
 
-def one_line(err: Exception) -> ConfigError:
-    """Hydra's or OmegaConf's error as one line naming OmegaConf's key, Hydra's override or the missing experiment."""
+def suggest(name: str, names: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the names closest to a misspelt ``name`` (difflib), else nothing."""
+    close = " or ".join(difflib.get_close_matches(name, list(names), n=3))
+    return close and f" (did you mean {close}?)"
+
+
+def one_line(err: Exception, keys: Iterable[str] = ()) -> ConfigError:
+    """Hydra's or OmegaConf's error as one line naming the key, override or group; a misspelt name's closest ones."""
     first = (str(err).strip() or type(err).__name__).splitlines()[0].rstrip(".")
     named = re.search(r"(?:override|argument) '?\+*([^'= ]+)=", first) or re.search(r"override '\+*([^']+)'", first)
     key = (getattr(err.__cause__, "full_key", None) or getattr(err, "full_key", None)
            or (named and named[1]) or getattr(err, "override", "").split("=", 1)[0].lstrip("+~") or None)
-    if missing := re.search(r"Could not find '(.+)/[^/']+'", first):  # a group's option: Hydra lists the others below
+    if missing := re.search(r"Could not find '(.+)/([^/']+)'", first):  # a group's option: Hydra lists the others
         listed = str(err).split("Available options", 1)[-1].split("Config search path", 1)[0]
         options = [line.strip() for line in listed.splitlines() if line.startswith("\t")]
-        key, allowed = missing[1], ", ".join(options) + (" (or --config-dir DIR for your own)"
-                                                         if missing[1] == "experiment" else "")
+        key, own = missing[1], " (or --config-dir DIR for your own)" * (missing[1] == "experiment")
+        allowed = ", ".join(options) + own + suggest(missing[2], options)
     elif "Additional config directory" in first:
         key, allowed = "--config-dir", "a folder that holds your experiment/NAME.yaml files"
     elif "Could not override" in first or "not in struct" in first:
-        allowed = "a key of the config (--help lists them)"
+        allowed = "a key of the config (--help lists them)" + suggest(named[1] if named else str(key), keys)
     elif "Ambiguous value" in first:
         first = "lists several values"
         allowed = "one value, a list written [a,b], or -m to sweep over the values (one run each)"

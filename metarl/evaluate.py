@@ -21,10 +21,11 @@ import jax
 import numpy as np
 
 from metarl import config as config_lib, payoff, results, stats
-from metarl.cli import check_run_to_read, run_command
+from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.envs import random_policy_return
-from metarl.progress import progress
+from metarl.inner_loops.trainer import frames_per_run
+from metarl.progress import Watchdog, progress
 from metarl.report import comparisons, format_report
 from metarl.rundir import CheckpointError, RunDir
 from metarl.tasks import TaskSpec, build_task, default_name, task_specs
@@ -131,8 +132,9 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
     return Loaded(cfg, task, [key(s) in trained_keys for s in task.specs], meta, info, sides, formula)
 
 
-def _train_sides(task, sides: list[Side], keys, mesh=None):
-    """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
+def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
+    """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i),
+    random play last: ``watchdog`` (``progress.Watchdog``) times each training per frame against the slowest.
     Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
     from metarl import compilation, devices
     # Task by task, one task's executables held at a time, compiled in threads (XLA compiles outside the GIL), one
@@ -159,9 +161,10 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
             compiled = dict(zip(lowered, pool.map(compile_one, lowered.values())))
         compile_s += time.perf_counter() - t
         with progress(f"{where}training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
-            for side, run in compiled.items():
+            for side, run in sorted(compiled.items(), key=lambda item: item[0] == "random"):
                 t = time.perf_counter()
-                curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[side][1])), float)
+                with watchdog.watch(f"{where}{side}'s training", frames_per_run(task.inner_configs[i])):
+                    curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[side][1])), float)
                 seconds[spec.name][side] = time.perf_counter() - t
                 bar.update()
         del lowered, compiled
@@ -238,7 +241,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         raise ConfigError(f"num_seeds: {num_seeds}; allowed: >= 2 (a confidence interval needs two)")
     if total_timesteps is not None and total_timesteps <= 0:
         raise ConfigError(f"total_timesteps: {total_timesteps}; allowed: > 0")
-    check_run_to_read(run_dir)
+    RunDir(run_dir).require_run()
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
@@ -247,7 +250,8 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     picks = _add_per_task(loaded, run_dir, per_task, per_task_tunings, per_task_seeds, num_seeds)
     root, keys = eval_keys(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
-    curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh)
+    watchdog = Watchdog(loaded.cfg.watchdog, RunDir(run_dir).stacks, "Run the same command again.")
+    curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh, watchdog)
     tuned = RunDir(run_dir).tuned.read()
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from metarl import config as config_lib, errors
 from metarl.cli import _refuse_search_change, check_existing, fail
 from metarl.errors import ConfigError
-from metarl.rundir import RunDir, unique_dir
+from metarl.rundir import RUNS, RunDir, unique_dir
 
 
 def _resume(resume: str, hydra_cfg) -> tuple:
@@ -54,7 +55,8 @@ def app(composed) -> float | None:
         else:  # named: the user chose the run directory; otherwise a new one under checkpoints/
             cfg = config_lib.from_composed(composed)
             named = bool(cfg.run_dir)
-            run_dir = Path(cfg.run_dir) if named else unique_dir(config_lib.default_run_dir(cfg.experiment))
+            run_dir = Path(cfg.run_dir) if named else unique_dir(
+                RUNS / f"{cfg.experiment}-{time.strftime('%Y%m%d-%H%M%S')}")
             cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
             resuming = check_existing(cfg, run_dir)
     except ConfigError as err:
@@ -125,8 +127,7 @@ def check_arguments(argv: list[str]) -> None:
                      if f == key or key.startswith("--") and f.startswith(key)]
             if not flags:
                 name = key.lstrip("-")
-                known = [k for k in config_lib.flatten(config_lib.to_dict(config_lib.RunConfig(experiment="")))
-                         if k == name or k.endswith(f".{name}")]
+                known = [k for k in config_lib.keys() if k == name or k.endswith(f".{name}")]
                 fail(f"argument {arg!r}: not a flag of metarl.evolve; allowed: overrides KEY=VALUE without dashes, "
                      f"such as {(known or [name])[0]}={value or 'VALUE'}, and Hydra's flags --help, --cfg, -m, "
                      "--config-dir, --config-name, ... (--hydra-help lists them)")
@@ -149,15 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     check_arguments(sys.argv[1:])
+    if {"-h", "--help"} & set(sys.argv):  # the config as a run gets it, not its ${...} interpolations
+        sys.argv.append("--resolve")
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors, so that they become one line here
     try:
         app()  # a sweep ends with its exit code (RunHooks.on_multirun_end)
     except (ConfigError, HydraException, OmegaConfBaseException) as err:  # bad input: one line, exit code 2
-        fail(str(err) if isinstance(err, ConfigError) else str(errors.one_line(err)))
+        fail(str(err) if isinstance(err, ConfigError) else str(errors.one_line(err, config_lib.keys())))
     except ValueError as err:  # Hydra's reading of the command line; the task's own (a frame of app): a traceback
         if any(frame.f_code is app.__wrapped__.__code__ for frame, _ in traceback.walk_tb(err.__traceback__)):
             raise
-        fail(str(errors.one_line(err)))
+        fail(str(errors.one_line(err, config_lib.keys())))
     return 0
 
 

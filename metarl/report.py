@@ -84,7 +84,7 @@ def _compute_line(report: dict) -> str:
 
 
 def _table(report: dict, roles: dict) -> list[str]:
-    """A row per task: each side's final return, the challengers' normalised scores, Welch's p of each test."""
+    """A row per task: each side's final return, a random policy's, the challengers' normalised scores, each p."""
     shown = _in_order(report)
     scored = [s for s in shown if s not in (roles["baseline"], roles.get("configured"))]
     per_task = [side["label"] for side in report["sides"] if side["role"] == "per_task"]
@@ -94,13 +94,14 @@ def _table(report: dict, roles: dict) -> list[str]:
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
     cols = {s: max(28, len(_short(s)) + 11) for s in shown}   # a header such as "tuned per task at k=64 [95% CI]"
     lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<{cols[s]}}" for s in shown)
-             + "".join(f"{'norm. ' + _short(s).split()[-1 if s in per_task else 0]:>15}" for s in scored)
+             + f"{'random':>8}" + "".join(f"{'norm. ' + _short(s).split()[-1 if s in per_task else 0]:>15}"
+                                          for s in scored)
              + "".join(f"{name:>13}" for _, name in tests)]
     cell = lambda s: f"{s['mean']:.2f} {bracket(s['ci95'], '.2f')}" + (  # noqa: E731
         f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
     for r in report["tasks"]:
         lines.append(f"{r['task']:<{width}}{r['split']:<12}" + "".join(f"{cell(r['sides'][s]):<{cols[s]}}" for s in shown)
-                     + "".join(f"{r['normalized'][s]:>15.3f}" for s in scored)
+                     + f"{r['random_return']:>8.2f}" + "".join(f"{r['normalized'][s]:>15.3f}" for s in scored)
                      + "".join(f"{r[test]['paired_p']:>13.3g}" for test, _ in tests))
     flagged = [r["task"] for r in report["tasks"] if r["degenerate"]]
     return lines + [f"flagged: {', '.join(flagged)}: the baseline does not clear random play beyond noise (one-sided "

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from metarl import config as config_lib, devices, errors, rundir, stages
-from metarl.cli import check_existing, fail
+from metarl.cli import STOP_SIGNALS, check_existing, fail
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import check_mlflow, say
@@ -48,6 +48,22 @@ def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored:
         logger.log_results(written, best, run_dir.read_best()[1] if best else None)
     logger.finish(summary)
     return summary
+
+
+def closing_lines(run_dir: RunDir, generations: int) -> list[str]:
+    """What a finished run leaves: its best member and where it is exported, the population's mean, what next."""
+    lines = [f"done: {generations} generations in {run_dir}"]
+    if exported := run_dir.best_files:
+        info = run_dir.read_best()[1]
+        lines.append(f"best member: fitness {info.get('validation_fitness', info['fitness']):.2f}"
+                     f"{' on fresh seeds' * ('picked' in info)}, found in generation {info['generation']}; "
+                     f"exported to {exported[0]}")
+    if means := [r for r in run_dir.metrics() if r["mean"] is not None]:
+        peak = max(means, key=lambda r: r["mean"])
+        lines.append(f"population mean: peak {peak['mean']:.2f} at generation {peak['generation']}, last "
+                     f"{means[-1]['mean']:.2f}")
+    return lines + [f"next: python -m metarl.evaluate run_dir={run_dir}  (the best member against the baseline, on "
+                    "fresh seeds)", f"next: python -m metarl.inspect run_dir={run_dir}  (figures in {run_dir.figures})"]
 
 
 def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
@@ -105,6 +121,10 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -
         if jax.process_index() == 0:
             RunDir(run_dir).write_config(cfg.to_dict())
             say(f"run directory: {run_dir}")
+            if ignored := " and ".join(s.name for s in STOP_SIGNALS[:2] if signal.getsignal(s) == signal.SIG_IGN):
+                say(f"note: {ignored} ignored (inherited, as by & in a script), so it cannot stop this run; "
+                    f"{' or '.join(s.name for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN)} still "
+                    "stops it after the generation in flight, with a checkpoint (set -m in the script keeps SIGINT)")
         try:
             summary = run(cfg, run_dir, task, restored, evo.mesh)
         except Interrupted as stop:
@@ -115,8 +135,7 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -
         except CheckpointError as err:
             fail(str(err))
         if jax.process_index() == 0:
-            say(f"done: {summary['generations']} generations; mean fitness {summary['first_mean']:.2f} -> "
-                f"{summary['last_mean']:.2f}; best {summary['best_so_far']:.2f}; results in {run_dir}")
+            say("\n".join(closing_lines(RunDir(run_dir), summary["generations"])))
         return 0
     finally:
         if lock is not None:  # a sweep runs its next job in this process; a lone run is about to exit

@@ -163,7 +163,7 @@ def start(master):
         except ValueError as err:  # ConfigError among them
             fail(str(err).splitlines()[0] + where)
         except (HydraException, OmegaConfBaseException) as err:
-            fail(str(errors.one_line(err)) + where)
+            fail(str(errors.one_line(err, config_lib.keys())) + where)
     count = f"{len(jobs)} job" + ("s" if len(jobs) != 1 else "") if known else "jobs"
     print(f"sweep: {count} in {sweep_dir}", flush=True)
     os.environ[COMMAND_ENV] = shlex.join(command(master))

@@ -65,8 +65,9 @@ def one_device(tmp_path_factory):
     return run_dir
 
 
-# Every line a default run prints: metarl's own (run_dir, compile time, its notes, progress, the summary).
-OWN_LINES = re.compile(r"(run directory: |compiled the generation in |note: |gen +\d+/\d+ \| |done: \d+ generations)")
+# Every line a default run prints: metarl's own (run_dir, compile time, its notes, progress, the closing lines).
+OWN_LINES = re.compile(r"(run directory: |compiled the generation in |note: |gen +\d+/\d+ \| |done: \d+ generations"
+                       r"|best member: |population mean: |next: python -m metarl\.)")
 
 
 @pytest.mark.timeout(300)
@@ -82,7 +83,7 @@ def test_two_cpu_devices_match_one_device_and_write_one_run_dir(tmp_path, one_de
     assert [line for line in lines if not OWN_LINES.match(line)] == [], proc.stdout
     assert [line.split("|")[0].split()[1] for line in lines if line.startswith("gen ")] == \
         [f"{g}/{GENS}" for g in range(1, GENS + 1)]
-    assert lines[0].startswith("run directory:") and lines[-1].startswith("done:")
+    assert lines[0].startswith("run directory:") and lines[-5].startswith("done:") and lines[-1].startswith("next:")
     runs = list((tmp_path / "checkpoints").iterdir())
     assert len(runs) == 1, runs
     assert sorted(p.name for p in (runs[0] / "ckpt").iterdir()) == [str(g) for g in range(1, GENS + 1)]

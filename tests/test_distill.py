@@ -180,7 +180,7 @@ def test_refusals_are_one_line(run, tmp_path, capsys):
         evaluate.evaluate(copy, distilled=99)
     with pytest.raises(ConfigError, match=r"^num_seeds: 1; allowed: >= 2"):
         evaluate.evaluate(copy, num_seeds=1)
-    with pytest.raises(ConfigError, match=r"no such directory$"):
+    with pytest.raises(ConfigError, match=r"^run_dir: \S+/missing: no such directory; allowed: "):
         evaluate.evaluate(tmp_path / "missing")
     with pytest.raises(ConfigError, match=r"^max_size: 1; allowed: >= 3$"):
         distill.distill(run, max_size=1)

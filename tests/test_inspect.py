@@ -101,12 +101,13 @@ def test_the_run_dir_is_a_key_like_every_other(tmp_path, module):
     assert code == 2 and stderr.strip() == f"error: argument {str(tmp_path)!r}: not KEY=VALUE; the run " \
                                            f"directory is given as run_dir={tmp_path}"
     code, usage, _ = run_here(module, [])
-    assert code == 2 and usage.startswith(f"``python -m {module} run_dir=RUN_DIR")
+    assert code == 2 and usage.startswith(f"python -m {module} run_dir=RUN_DIR")
     setting = {"metarl.inspect": "error_range=2", "metarl.evaluate": "num_seeds=2", "metarl.distill": "seed=1"}[module]
     code, _, stderr = run_here(module, [setting])
     assert code == 2 and stderr.strip() == "error: run_dir: not given; allowed: run_dir=PATH, the directory of a run"
     code, _, stderr = run_here(module, [setting, f"run_dir={tmp_path}"])
-    assert code == 2 and stderr.strip() == f"error: {tmp_path}: not a metarl run directory (no config.yaml)"
+    assert code == 2 and stderr.strip().startswith(f"error: run_dir: {tmp_path}: not a metarl run directory (no "
+                                                  "config.yaml); allowed: a run's directory")
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +139,10 @@ def test_evaluate_prints_both_sides_and_the_tests(evaluated_64):
     test = row["test"]
     assert all(math.isfinite(test[k]) for k in ("welch_t", "welch_p", "mannwhitney_u", "mannwhitney_p", "paired_p"))
     check_image(figure, (700, 400))
+    # The table shows the random policy's return that the normalised score is measured from.
+    header, shown = (next(line for line in out.splitlines() if line.startswith(start))
+                     for start in ("task ", row["task"]))
+    assert " random " in header and f" {row['random_return']:.2f} " in shown
 
 
 @pytest.mark.timeout(600)

@@ -209,7 +209,7 @@ def test_a_tuning_on_its_ranges_edge_or_still_rising_is_flagged():
     # The shipped H100 tuning: three values on the low ends of their ranges, its mean still climbing.
     record = RunDir(Path(__file__).parents[1] / "docs" / "runs" / "tuned_schedule_h100")
     tuned = record.tuned.read()
-    found = tuning_warnings(tuned["search_space"], tuned["hyperparameters"], record.tune.metrics())
+    found = tuning_warnings(tuned["search_space"], tuned["hyperparameters"], record.tuning().metrics())
     assert [w.split()[0] for w in found[:3]] == ["ent_coef", "clip_eps", "gae_lambda"]
     assert all("widen baseline.tune." in w for w in found[:3]) and "run longer" in found[3] and len(found) == 4
     # An interior point (on the log scale where the range is one) and a flat, noisy mean: nothing to say.
