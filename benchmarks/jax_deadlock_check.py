@@ -1,8 +1,9 @@
 """Does a jax release deadlock on this CPU? A PPO training run N times, each in a fresh process under a timeout.
 
 Each run is a child process that compiles ``jax.jit(jax.vmap(train))`` over ``--seeds`` keys, with a
-``--total-timesteps`` budget on CartPole-v1 (4 envs x 128 steps, 4 epochs x 4 minibatches, 64x64), and
-runs it once. ``train`` is ``metarl.inner_loops.ppo``'s, or with ``--impl reference`` the
+``--total-timesteps`` budget on CartPole-v1 (4 envs x 128 steps, 4 epochs x 4 minibatches, 64x64), or with
+``--settings minatar`` on ``--env`` (default Breakout-MinAtar) with PureJaxRL's MinAtar settings (64 envs x
+128 steps, 4 epochs x 8 minibatches, relu 64x64, lr 5e-3), and runs it once. ``train`` is ``metarl.inner_loops.ppo``'s, or with ``--impl reference`` the
 PureJaxRL-style PPO in ``benchmarks/reference_ppo.py``. A child still compiling after
 ``--compile-timeout`` s, or still running after ``--timeout`` s more, is killed and counted as a hang;
 its CPU seconds tell a deadlock (all threads waiting) from a slow run. Every child compiles from
@@ -19,6 +20,8 @@ Usage::
 
     python -m benchmarks.jax_deadlock_check --runs 6                  # about 3-5 minutes on 2 cores
     python -m benchmarks.jax_deadlock_check --runs 6 --impl reference --python /tmp/jax0102/bin/python
+    python -m benchmarks.jax_deadlock_check --runs 1 --settings minatar --seeds 16 --total-timesteps 1e6 \\
+        --timeout 840 --python /tmp/py311/bin/python        # the shape a 3.11 user saw hang
     python -m benchmarks.jax_deadlock_check --runs 6 --seeds 8 \\
         --xla-flags=--xla_cpu_enable_concurrency_optimized_scheduler=false
 """
@@ -35,6 +38,8 @@ import tempfile
 import threading
 import time
 
+# PureJaxRL's MinAtar PPO (as experiments/experiment/lpo_minatar_gpu.yaml)
+MINATAR = {"num_envs": 64, "num_steps": 128, "num_minibatches": 8, "activation": "relu", "lr": 5e-3}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # children run `-m benchmarks...` from here
 
 
@@ -47,12 +52,16 @@ def child(args) -> None:
 
     print(json.dumps({"jax": jax.__version__, "jaxlib": __import__("jaxlib").__version__}), flush=True)
     total = int(args.total_timesteps)
+    env = args.env or ("Breakout-MinAtar" if args.settings == "minatar" else "CartPole-v1")
+    settings = MINATAR if args.settings == "minatar" else {}
     if args.impl == "metarl":
-        config = PPOConfig(env="CartPole-v1", total_timesteps=total)
+        config = PPOConfig(env=env, total_timesteps=total, **settings)
         one, frames = make_train(config), config.frames_per_run
     else:
         from benchmarks import reference_ppo
-        one = reference_ppo.make_train(total_timesteps=total)
+        if settings:
+            raise SystemExit("error: --settings minatar: only with --impl metarl")
+        one = reference_ppo.make_train(total_timesteps=total, env_name=env)
         frames = reference_ppo.frames_per_run(total_timesteps=total)
     train = jax.jit(jax.vmap(one))
     keys = jax.random.split(jax.random.key(0), args.seeds)
@@ -73,7 +82,8 @@ def one_run(args) -> dict:
     if args.xla_flags:
         env["XLA_FLAGS"] = args.xla_flags
     cmd = [args.python, "-m", "benchmarks.jax_deadlock_check", "--child", "--seeds", str(args.seeds),
-           "--total-timesteps", str(args.total_timesteps), "--compile", args.compile, "--impl", args.impl]
+           "--total-timesteps", str(args.total_timesteps), "--settings", args.settings, "--env", args.env,
+           "--compile", args.compile, "--impl", args.impl]
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as stderr:
@@ -115,6 +125,9 @@ def main() -> None:
                         help="seconds the child may take to start and compile before it counts as a hang")
     parser.add_argument("--seeds", type=int, default=4, help="vmapped trainings in one program")
     parser.add_argument("--total-timesteps", type=float, default=1e4, help="frames per training")
+    parser.add_argument("--settings", choices=("cartpole", "minatar"), default="cartpole",
+                        help="CartPole's PPO settings, or PureJaxRL's MinAtar ones")
+    parser.add_argument("--env", default="", help="environment (default: CartPole-v1, or Breakout-MinAtar)")
     parser.add_argument("--xla-flags", default="", help="XLA_FLAGS for the children (default: none)")
     parser.add_argument("--compile", choices=("default", "metarl"), default="default",
                         help="jax's default compiler options, or metarl's own (metarl.compilation.compiler_options)")
@@ -140,7 +153,7 @@ def main() -> None:
         "errors": sum(r["status"].startswith("exit") for r in records),
         "frames_per_s_median": median("frames_per_s"), "compile_s_median": median("compile_s"),
         "impl": args.impl, "xla_flags": args.xla_flags, "compile": args.compile, "seeds": args.seeds,
-        "total_timesteps": int(args.total_timesteps), "timeout_s": args.timeout,
+        "settings": args.settings, "env": args.env, "total_timesteps": int(args.total_timesteps), "timeout_s": args.timeout,
         "compile_timeout_s": args.compile_timeout,
         "cpu_count": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()], "per_run": records,

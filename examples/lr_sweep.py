@@ -25,8 +25,7 @@ def sweep(run_dir: Path, lrs: list[float], seeds: int) -> dict:
     """Per task, PPO's final returns at each rate; per rate, the learned side's IQM normalised by that PPO."""
     import jax.numpy as jnp
 
-    from metarl import evaluate, pertask, stats
-    from metarl.outer_loops.fitness import spans
+    from metarl import evaluate, pertask
     from metarl.progress import progress
     from metarl.results import load_config
     from metarl.tasks import build_task, task_specs
@@ -55,19 +54,31 @@ def sweep(run_dir: Path, lrs: list[float], seeds: int) -> dict:
             rows.append({"task": spec.name, "split": row["split"], "random_return": row["random_return"],
                          "learned": row["sides"][learned]["mean"], "ppo": ppo, "seconds": time.perf_counter() - t})
             bar.update()
-    rng = np.random.RandomState(0)
-    summary = []
-    for j, lr in enumerate(decoded):
-        scores = []   # per task: the learned side's seeds, normalised by PPO at this rate
-        for row, task_row in zip(rows, report["tasks"]):
-            span = float(spans({"base": [row["ppo"][j]["mean"]], "low": [row["random_return"]]})[0])
-            scores.append((np.asarray(task_row["sides"][learned]["final_returns"], float) - row["random_return"])
-                          / span)
-        iqm, ci = stats.interval(stats.iqm, (np.stack(scores, axis=1),), 2000, rng)
-        summary.append({"lr": lr, "learned_iqm": iqm, "learned_iqm_ci95": ci,
-                        "learned_per_task": [float(np.nanmean(s)) for s in scores]})
     return {"run_dir": str(run_dir), "learned": learned, "seeds": seeds, "key_root": report["key_root"],
-            "statistic": report["statistic"], "lrs": decoded, "tasks": rows, "by_lr": summary}
+            "statistic": report["statistic"], "lrs": decoded, "tasks": rows, "by_lr": by_lr(rows, report, learned)}
+
+
+def by_lr(rows: list[dict], report: dict, learned: str) -> list[dict]:
+    """Per rate, the learned side's IQM normalised by PPO at that rate, their difference and P(learned > PPO),
+    with stratified bootstrap 95% CIs over both sides' seeds and PPO's mean that normalises (unpaired: the
+    learned side has all the evaluation's seeds, PPO its first ``seeds``)."""
+    from metarl import stats
+    from metarl.outer_loops.fitness import spans
+
+    raw = {"learned": np.stack([t["sides"][learned]["final_returns"] for t in report["tasks"]], axis=1)}
+    random, summary = np.array([row["random_return"] for row in rows]), []
+    for j, lr in enumerate(row["lr"] for row in rows[0]["ppo"]):
+        raw["ppo"] = np.stack([row["ppo"][j]["final_returns"] for row in rows], axis=1)
+        point, draws = stats.bootstrap(lambda n: [stats.iqm(n["learned"]), stats.iqm(n["learned"]) - stats.iqm(n["ppo"]),
+                                                  stats.probability_of_improvement(n["learned"], n["ppo"])],
+                                       raw, random, "ppo", 2000, np.random.RandomState(0), paired=False)
+        ci = stats.percentile(draws)
+        per_task = (raw["learned"] - random) / np.asarray(spans({"base": np.nanmean(raw["ppo"], 0), "low": random}), float)
+        summary.append({"lr": lr, "learned_iqm": point[0], "learned_iqm_ci95": ci[0], "difference": point[1],
+                        "difference_ci95": ci[1], "probability_of_improvement": point[2],
+                        "probability_of_improvement_ci95": ci[2],
+                        "learned_per_task": [float(v) for v in np.nanmean(per_task, axis=0)]})
+    return summary
 
 
 def table(result: dict) -> str:
@@ -82,6 +93,9 @@ def table(result: dict) -> str:
     lines.append("| learned, IQM normalised by that PPO | | " + " | ".join(
         f"{s['learned_iqm']:.2f} [{s['learned_iqm_ci95'][0]:.2f}, {s['learned_iqm_ci95'][1]:.2f}]"
         for s in result["by_lr"]) + " |")
+    lines.append("| P(learned > that PPO) | | " + " | ".join(
+        f"{s['probability_of_improvement']:.2f} [{s['probability_of_improvement_ci95'][0]:.2f}, "
+        f"{s['probability_of_improvement_ci95'][1]:.2f}]" for s in result["by_lr"]) + " |")
     return "\n".join(lines)
 
 
@@ -91,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--lrs", default="2.5e-4,1e-3,2.5e-3,5e-3,1e-2")
     parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--restate", action="store_true", help="recompute OUT_DIR/lr_sweep.json's statistics from "
+                        "its per-seed returns and RUN_DIR/evaluation.json's, without training")
     args = parser.parse_args(argv)
     try:
         lrs = [float(x) for x in args.lrs.split(",")]
@@ -104,11 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     devices.use_cpu_cores("auto")   # a device per core, as evaluate has
     t = time.perf_counter()
     try:
-        result = sweep(args.run_dir, lrs, args.seeds)
+        if args.restate:
+            result = json.loads((args.out_dir / "lr_sweep.json").read_text())
+            report = json.loads((args.run_dir / "evaluation.json").read_text())
+            result["by_lr"] = by_lr(result["tasks"], report, result["learned"])
+        else:
+            result = sweep(args.run_dir, lrs, args.seeds)
+            result["seconds"] = time.perf_counter() - t
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    result["seconds"] = time.perf_counter() - t
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "lr_sweep.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out_dir / "lr_sweep.md").write_text(table(result) + "\n")

@@ -15,13 +15,15 @@ of them vmaps through one compilation:
     lrs = jnp.array([1e-4, 3e-4, 1e-3])
     jax.vmap(lambda lr, k: make_train(config.replace(lr=lr))(k))(lrs, keys)
 
-Three seams take meta-learned components (see ``metarl.inner_loops.components``): ``value_loss`` (per-sample
+Four seams take meta-learned components (see ``metarl.inner_loops.components``): ``value_loss`` (per-sample
 loss from prediction, old prediction and target), ``policy_objective`` (per-sample objective from
-probability ratio and advantage) and ``schedule`` (multipliers of lr, ent_coef and clip_eps from the
-training progress, once per update). Their defaults are PPO's clipped value loss, clipped surrogate and
-constant hyperparameters. ``train(key, meta_params)`` takes the layout every trainer here takes, a dict
-keyed by what each entry replaces: ``meta_params[SEAM]`` goes to that seam, and a float hyperparameter
-(names in ``FLOAT_FIELDS``) replaces the config's value.
+probability ratio and advantage), ``schedule`` (multipliers of lr, ent_coef and clip_eps from the
+training progress, once per update) and ``optimiser`` (the optax transformation that turns each
+minibatch's gradient into the parameters' change; ``metarl.inner_loops.optimisers``). Their defaults are
+PPO's clipped value loss, clipped surrogate, constant hyperparameters and clipped, annealed Adam.
+``train(key, meta_params)`` takes the layout every trainer here takes, a dict keyed by what each entry
+replaces: ``meta_params[SEAM]`` goes to that seam, and a float hyperparameter (names in ``FLOAT_FIELDS``)
+replaces the config's value.
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ from metarl.inner_loops.components import (
     apply_component,
     training_progress,
 )
+from metarl.inner_loops.optimisers import ADAM, dormancy
 from metarl.inner_loops.networks import (
     ACTIVATIONS,
     ActorCritic,
@@ -152,7 +155,7 @@ class PPOConfig:
 
 # Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
 FLOAT_FIELDS = ("lr", "gamma", "gae_lambda", "clip_eps", "ent_coef", "vf_coef", "max_grad_norm")
-SEAMS = ("value_loss", "policy_objective", "schedule")  # make_train's keywords for learned components
+SEAMS = ("value_loss", "policy_objective", "schedule", "optimiser")  # make_train's keywords for learned components
 
 
 # --- transitions and the maths ------------------------------------------------------------------
@@ -291,18 +294,23 @@ def _meta(meta_params, name):
 
 def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                policy_objective: Component = CLIPPED_SURROGATE, schedule: Component = CONSTANT_SCHEDULE,
-               ) -> Callable[[jax.Array, Any], tuple[Any, dict[str, jax.Array]]]:
+               optimiser: Component = ADAM) -> Callable[[jax.Array, Any], tuple[Any, dict[str, jax.Array]]]:
     """Validate ``config`` and return ``train(key, meta_params=None) -> (params, metrics)``.
 
     ``metrics`` maps names to arrays of shape (num_updates,): ``episode_return`` (mean return of the
     episodes that ended during the update; carried over from the previous update when none ended, 0
     before the first), ``episodes`` (how many ended), ``value_loss``, ``policy_loss``, ``entropy``,
-    ``approx_kl`` and ``clip_fraction`` (means over the update's minibatches).
+    ``approx_kl`` and ``clip_fraction`` (means over the update's minibatches). With an optimiser other than
+    Adam, ``episode_return`` is NaN from the update whose step left a parameter NaN or infinite: a
+    diverged training, which the harness scores as it scores any non-finite fitness.
     """
     config.validate()
     env, env_params, network = make_agent(config)
     continuous = network.continuous
     adaptive = getattr(schedule, "adaptive", False)
+    # An optimiser given the context (OPEN's inputs) gets a key per minibatch: drawn only for it, so PPO with
+    # Adam is the same program as before the seam existed.
+    context, guarded = getattr(optimiser, "context", False), optimiser is not ADAM
     # The statistics beyond KL and clip fraction that the schedule reads: only these are computed and
     # carried, so PPO without such a schedule is the same program as before they existed.
     observes = tuple(getattr(schedule, "observes", ())) if adaptive else ()
@@ -340,16 +348,7 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
         obs, env_state = v_reset(jax.random.split(k_reset, n_envs), env_params)
         params = network.init(k_init, flat(obs))
 
-        if config.anneal_lr:
-            steps_per_update = config.update_epochs * n_mb
-            def lr_schedule(count):
-                return config.lr * (1.0 - (count // steps_per_update) / n_updates)
-        else:
-            lr_schedule = config.lr
-        # On one flat vector (optax.flatten): the clipping's norm and Adam are a few operations
-        # rather than a few per parameter array: 7-15% less compile time at 1 and 8 agents.
-        tx = optax.flatten(optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
-                                       optax.adam(lr_schedule, eps=1e-5)))
+        tx = optimiser.apply(_meta(meta_params, "optimiser"), config)
         opt_state = tx.init(params)
 
         def loss_fn(p, mb, progress, config):
@@ -433,24 +432,37 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
                 minibatches = jax.tree.map(
                     lambda x: x[perms].reshape((n_epochs * n_mb, mb_size) + x.shape[1:]), data)
 
-            def minibatch(c, mb):
+            def minibatch(c, xs):
                 params, opt_state = c
+                mb, *step = xs if context else (xs,)
                 with jax.named_scope("network"):
                     (_, aux), grads = grad_fn(params, mb, progress, update_config)
                 if "relative_grad_norm" in observes:  # before the clipping in tx
                     aux = (*aux, optax.global_norm(grads))
                 with jax.named_scope("optimizer"):
-                    updates, opt_state = tx.update(grads, opt_state, params)
+                    if context:
+                        ctx = {"progress": progress, "epoch_fraction": (step[0] // n_mb) / max(n_epochs - 1, 1),
+                               "dormancy": dormancy(network, params, mb.obs, config.activation), "key": step[1]}
+                        updates, opt_state = tx.update(grads, opt_state, params, **ctx)
+                    else:
+                        updates, opt_state = tx.update(grads, opt_state, params)
                     if step_scale is not None:  # Adam's step is proportional to its learning rate
                         updates = jax.tree.map(lambda u: u * step_scale, updates)
                     params = optax.apply_updates(params, updates)
                 return (params, opt_state), aux
 
+            if context:
+                n_steps_opt = n_epochs * n_mb
+                minibatches = (minibatches, jnp.arange(n_steps_opt),
+                               jax.random.split(jax.random.fold_in(key, 2), n_steps_opt))
             (params, opt_state), aux = jax.lax.scan(minibatch, (params, opt_state), minibatches)
             v_loss, pg_loss, ent, kl, clip_fraction, *grad_norm = (a.mean() for a in aux)
 
             n_done = t_done.sum()
             mean_return = jnp.where(n_done > 0, t_finished.sum() / jnp.maximum(n_done, 1), last_mean)
+            if guarded:
+                finite = jnp.all(jnp.stack([jnp.isfinite(p).all() for p in jax.tree.leaves(params)]))
+                mean_return = jnp.where(finite, mean_return, jnp.nan)
             metrics = {"episode_return": mean_return, "episodes": n_done, "value_loss": v_loss,
                        "policy_loss": pg_loss, "entropy": ent, "approx_kl": kl, "clip_fraction": clip_fraction}
             seen = (kl, clip_fraction)

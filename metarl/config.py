@@ -25,7 +25,7 @@ from metarl.inner_loops.config_checks import INT32_MAX
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
 RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "fitness.validation_seeds", "checkpoint", "logger",
-                    "devices")
+                    "devices", "watchdog")
 
 
 def _checked(allowed: str, ok, **default):
@@ -90,6 +90,12 @@ class CheckpointSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class WatchdogSection:   # docs/resume.md: a generation over factor x the longest before it (min_seconds) ends it
+    factor: float = _checked("0 (off) or a number >= 2", lambda f: f == 0 or f >= 2, default=10.0)
+    min_seconds: float = _checked("> 0", lambda s: s > 0, default=60.0)
+
+
+@dataclasses.dataclass(frozen=True)
 class WandbSection:
     mode: str = _choice("disabled", "offline", "online")
     project: str = "metarl"
@@ -141,6 +147,7 @@ class RunConfig:
     fitness: FitnessSection = FitnessSection()
     baseline: BaselineSection = BaselineSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    watchdog: WatchdogSection = WatchdogSection()
     logger: LoggerSection = LoggerSection()
     devices: DevicesSection = DevicesSection()
 

@@ -24,19 +24,20 @@ from metarl import config as config_lib, payoff, results, stats
 from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.envs import random_policy_return
-from metarl.outer_loops.fitness import spans
-from metarl.progress import progress
+from metarl.inner_loops.trainer import frames_per_run
+from metarl.progress import Watchdog, progress
 from metarl.report import comparisons, format_report
 from metarl.rundir import CheckpointError, RunDir
 from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
 EVAL_ROOT = 10_000
 ALPHA = 0.05
+AGGREGATES = ("iqm_learned", "iqm_baseline", "iqm_difference", "probability_of_improvement")
 
 
 def eval_keys(run_seed: int, num_seeds: int):
     """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000: a stream evolution's
-    ``key(cfg.seed)`` never used). Both sides share keys (same init and resets): the unpaired tests are conservative."""
+    ``key(cfg.seed)`` never used). Every side shares the keys (same init and resets): its tests are paired."""
     root = EVAL_ROOT if run_seed != EVAL_ROOT else EVAL_ROOT + 1
     return root, jax.vmap(lambda i: jax.random.fold_in(jax.random.key(root), i))(np.arange(num_seeds, dtype=np.uint32))
 
@@ -49,14 +50,17 @@ def summarise(final: np.ndarray) -> dict:
 
 
 def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
+    """Two sides' final returns on one task: Welch's and Mann-Whitney's (unpaired) tests and, the test reported, a
+    paired t-test over the seeds finite on both (seed i of every side trains from one key: ``eval_keys``)."""
     import scipy.stats
-    a, b = learned[np.isfinite(learned)], baseline[np.isfinite(baseline)]
-    t, mwu = stats.welch(a, b), scipy.stats.mannwhitneyu(a, b, alternative="two-sided")
+    a, b, both = learned[np.isfinite(learned)], baseline[np.isfinite(baseline)], np.isfinite(learned + baseline)
+    t, mwu = stats.t_test(a, b), scipy.stats.mannwhitneyu(a, b, alternative="two-sided")
+    a_, b_ = learned[both], baseline[both]   # every difference equal (say, none before an update): no t; p 1 or 0
+    p = float(stats.t_test(a_, b_, paired=True).pvalue) if np.unique(a_ - b_).size != 1 else float((a_ == b_).all())
     diff = float(np.mean(a) - np.mean(b))
     return {"difference": diff, "welch_t": float(t.statistic), "welch_df": float(t.df), "welch_p": float(t.pvalue),
-            "mannwhitney_u": float(mwu.statistic), "mannwhitney_p": float(mwu.pvalue), "alpha": ALPHA,
-            "winner": "learned" if diff > 0 else "baseline" if diff < 0 else "tie",
-            "significant": bool(t.pvalue < ALPHA)}
+            "mannwhitney_u": float(mwu.statistic), "mannwhitney_p": float(mwu.pvalue), "paired_p": p, "alpha": ALPHA,
+            "winner": "learned" if diff > 0 else "baseline" if diff < 0 else "tie", "significant": bool(p < ALPHA)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +132,9 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
     return Loaded(cfg, task, [key(s) in trained_keys for s in task.specs], meta, info, sides, formula)
 
 
-def _train_sides(task, sides: list[Side], keys, mesh=None):
-    """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i).
+def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
+    """Each side per task on ``keys`` (a vmapped, jitted call each, agents split over ``mesh``, agent i on key i),
+    random play last: ``watchdog`` (``progress.Watchdog``) times each training per frame against the slowest.
     Returns ({task: {label: (seeds, updates), "random": (seeds,)}}, {task: {label: run seconds}}, compile seconds)."""
     from metarl import compilation, devices
     # Task by task, one task's executables held at a time, compiled in threads (XLA compiles outside the GIL), one
@@ -156,23 +161,61 @@ def _train_sides(task, sides: list[Side], keys, mesh=None):
             compiled = dict(zip(lowered, pool.map(compile_one, lowered.values())))
         compile_s += time.perf_counter() - t
         with progress(f"{where}training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
-            for side, run in compiled.items():
+            for side, run in sorted(compiled.items(), key=lambda item: item[0] == "random"):
                 t = time.perf_counter()
-                curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[side][1])), float)
+                with watchdog.watch(f"{where}{side}'s training", frames_per_run(task.inner_configs[i])):
+                    curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[side][1])), float)
                 seconds[spec.name][side] = time.perf_counter() - t
                 bar.update()
         del lowered, compiled
     return curves, seconds, compile_s
 
 
-def aggregate(learned: np.ndarray, baseline: np.ndarray, reps: int = 2000) -> dict:
-    """IQMs of the normalised scores (seeds x tasks) and P(learned > baseline), with seeded bootstrap 95% CIs."""
-    rng, result = np.random.RandomState(0), {"tasks": int(learned.shape[1])}
-    for name, statistic, scores in (("iqm_learned", stats.iqm, (learned,)), ("iqm_baseline", stats.iqm, (baseline,)),
-                                    ("probability_of_improvement", stats.probability_of_improvement,
-                                     (learned, baseline))):
-        result[name], result[f"{name}_ci95"] = stats.interval(statistic, scores, reps, rng)
-    return result
+def aggregate(rows: list[dict], roles: dict, reps: int = 2000) -> dict:
+    """Per comparison (``report.comparisons``), both sides' IQMs of normalised scores, their difference and
+    P(a > b), with stratified bootstrap 95% CIs over every side's seeds (paired) and the normalising baseline mean;
+    flagged rows (a baseline that does not clear random play) left out, the aggregate with them beside."""
+    pairs = comparisons(roles)
+
+    def over(rows: list[dict]) -> dict:
+        raw = {label: np.stack([r["sides"][label]["final_returns"] for r in rows], axis=1) for label in roles.values()}
+        statistic = lambda n: [v for _, _, a, b in pairs for v in (  # noqa: E731
+            stats.iqm(n[roles[a]]), stats.iqm(n[roles[b]]), stats.iqm(n[roles[a]]) - stats.iqm(n[roles[b]]),
+            stats.probability_of_improvement(n[roles[a]], n[roles[b]]))]
+        point, draws = stats.bootstrap(statistic, raw, np.array([r["random_return"] for r in rows]),
+                                       roles["baseline"], reps, np.random.RandomState(0))
+        ci, found = stats.percentile(draws), {}
+        for i, (_, key, *_) in enumerate(pairs):   # the challenger's IQM as "learned", the reference's as "baseline"
+            found[key] = {**dict(zip(AGGREGATES, point[4 * i:].tolist())),
+                          **dict(zip([n + "_ci95" for n in AGGREGATES], ci[4 * i:]))}
+        return {"tasks": len(rows), **found.pop(None, {}), **found}
+    kept = [r for r in rows if not r["degenerate"]]
+    if len(kept) in (0, len(rows)):
+        return {**over(rows), "left_out": []}
+    return {**over(kept), "left_out": [r["task"] for r in rows if r["degenerate"]], "with_left_out": over(rows)}
+
+
+def restate(report: dict, frames_per_training: Optional[int] = None) -> dict:
+    """The report's statistics from its per-seed final returns (``evaluate``'s, and a stored record's again): per
+    task the normalised scores, the tests and whether the baseline clears random play beyond noise (one-sided
+    Welch against random play's seeds); the aggregates per split; the payoff."""
+    roles = {side["role"]: side["label"] for side in report["sides"]}
+    report["paired"] = "seed i of every side trains from one key: paired t-tests, seeds resampled jointly"
+    for row in report["tasks"]:
+        finals = {label: np.asarray(side["final_returns"], float) for label, side in row["sides"].items()}
+        base = finals[roles["baseline"]]
+        random = np.asarray(row.get("random_returns", [row["random_return"]] * 2))   # older records: the mean alone
+        clears = stats.t_test(base[np.isfinite(base)], random, alternative="greater").pvalue
+        norm = payoff.normalised(row, finals, roles["baseline"])
+        row.update(normalized={label: float(np.mean(v)) for label, v in norm.items()},
+                   normalized_ci95={label: stats.t_bounds(v) for label, v in norm.items()},
+                   baseline_clears_random_p=float(clears), degenerate=not clears < ALPHA,
+                   **{test: compare(finals[roles[a]], finals[roles[b]]) for test, _, a, b in comparisons(roles)})
+    report["aggregate"] = {split: aggregate(rows, roles) for split in ("held-out", "trained-on")
+                           if (rows := [r for r in report["tasks"] if r["split"] == split])}
+    if "per_task" in report and "learned" in roles:
+        report["payoff"] = payoff.payoff(report, frames_per_training or report["payoff"]["frames_per_training"])
+    return report
 
 
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
@@ -207,8 +250,8 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     picks = _add_per_task(loaded, run_dir, per_task, per_task_tunings, per_task_seeds, num_seeds)
     root, keys = eval_keys(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
-    curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh)
-    rows, aggregates, held_out = _score(loaded, curves, seconds)
+    watchdog = Watchdog(loaded.cfg.watchdog, RunDir(run_dir).stacks, "Run the same command again.")
+    curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh, watchdog)
     tuned = RunDir(run_dir).tuned.read()
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name,
@@ -221,15 +264,14 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
                      f"{loaded.cfg.fitness.window:.0%} of updates (the search's fitness statistic)",
         "normalized": f"(R - random policy) / ({'tuned ' if tuned else ''}baseline mean - random policy), per task",
         "tuned": tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
-        "tasks": rows, "aggregate": aggregates, "compile_seconds": compile_s, "compute": _compute(loaded, tuned),
+        "tasks": _rows(loaded, curves, seconds), "compile_seconds": compile_s, "compute": _compute(loaded, tuned),
     }
     if picks:
         pertask.report(report, picks, per_task_tunings, per_task_seeds)
     if loaded.formula:
         report["formula"] = {"k": distilled, "label": loaded.roles["formula"],
                              **{key: loaded.formula[key] for key in ("expression", "size", "nmse", "component")}}
-    if picks and "learned" in loaded.roles:
-        report["payoff"] = payoff.payoff(report, held_out, build_task(loaded.cfg).frames_per_eval)
+    restate(report, build_task(loaded.cfg).frames_per_eval)
     values = None if loaded.meta is None else task.kind.values(task.component, loaded.meta)  # where it learns such
     if values is not None:
         report["learned_values"] = values
@@ -268,34 +310,19 @@ def _compute(loaded: Loaded, tuned: Optional[dict]) -> dict:
     return {role: compute[role] for role in compute if role in loaded.roles}
 
 
-def _score(loaded: Loaded, curves: dict, seconds: dict) -> tuple[list, dict, list]:
-    """Per task, each side's final returns, normalised scores and ``comparisons``; per split, ``aggregate``; per
-    held-out task, each side's normalised scores."""
-    task, labels, pairs = loaded.task, loaded.roles, comparisons(loaded.roles)
-    rows, normalized = [], {"held-out": [], "trained-on": []}  # per split, per task: {side: normalised scores}
-    for spec, inner, trained in zip(task.specs, task.inner_configs, loaded.on_train):
+def _rows(loaded: Loaded, curves: dict, seconds: dict) -> list[dict]:
+    """Per task, each side's final returns (the search's own statistic: fitness.statistic, fitness.window) and
+    random play's; ``restate`` adds the statistics."""
+    rows = []
+    for spec, inner, trained in zip(loaded.task.specs, loaded.task.inner_configs, loaded.on_train):
         c = curves[spec.name]
-        # the search's own statistic (fitness.statistic, fitness.window): one final return for both
-        finals = {side.label: np.asarray(task.statistic(c[side.label]), float) for side in loaded.sides}
-        base_mean, random_mean = float(np.nanmean(finals[labels["baseline"]])), float(np.mean(c["random"]))
-        # (R - random) / (baseline - random), with the same positive scale rule as the fitness
-        span = float(spans({"base": [base_mean], "low": [random_mean]})[0])
-        norm = {label: (f - random_mean) / span for label, f in finals.items()}
-        row = {"task": spec.name, "env": spec.env, "split": "trained-on" if trained else "held-out",
-               "total_timesteps": int(getattr(inner, "total_timesteps", 0)),
-               "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]} for label, f in finals.items()},
-               "random_return": random_mean, "normalized": {label: float(np.nanmean(v)) for label, v in norm.items()},
-               "normalized_ci95": {label: stats.t_bounds(v) for label, v in norm.items()},
-               **{test: compare(finals[labels[a]], finals[labels[b]]) for test, _, a, b in pairs}}
-        rows.append(row)
-        normalized[row["split"]].append(norm)
-    aggregates = {}
-    for name, by_task in normalized.items():
-        if by_task:
-            scores = {label: np.stack([n[label] for n in by_task], axis=1) for label in labels.values()}
-            found = {key: aggregate(scores[labels[a]], scores[labels[b]]) for _, key, a, b in pairs}
-            aggregates[name] = {**found.pop(None, {"tasks": len(by_task)}), **found}
-    return rows, aggregates, normalized["held-out"]
+        finals = {side.label: np.asarray(loaded.task.statistic(c[side.label]), float) for side in loaded.sides}
+        rows.append({"task": spec.name, "env": spec.env, "split": "trained-on" if trained else "held-out",
+                     "total_timesteps": int(getattr(inner, "total_timesteps", 0)),
+                     "sides": {label: {**summarise(f), "seconds": seconds[spec.name][label]}
+                               for label, f in finals.items()},
+                     "random_return": float(np.mean(c["random"])), "random_returns": c["random"].tolist()})
+    return rows
 
 
 def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix: str) -> None:

@@ -151,3 +151,9 @@ def schedule_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range:
         own = np.full_like(t, float(getattr(inner, field))) * (anneal if field == "lr" else 1.0)
         curves[field] = (own * np.asarray(scale), own)
     return [plots.save(plots.schedule_figure(t, curves, task.kind.baseline(inner)), out / "schedule.png")]
+
+
+def component_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
+    """The line panels a component describes, ``figures(meta, config) -> {file: (x, rows, xlabel, note)}``."""
+    specs = task.component.figures(meta, task.inner_config)
+    return [plots.save(plots.formula_figure(*spec), out / name) for name, spec in specs.items()]

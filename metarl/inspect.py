@@ -10,6 +10,8 @@
     policy_objective.png    the learned drift and objective beside PPO's clipping over (r, A) (policy_objective);
                             a temporal drift: policy_objective_progressPPP.png at PPP% of training
     hyperparams.png         the search mean and spread of each hyperparameter per generation (hyperparams)
+    optimiser_update.png    the learned change of a parameter against its gradient, beside Adam's (optimiser)
+    optimiser_step_size.png the learned step size (and noise) over training, beside Adam's lr (optimiser)
 
 Works on a finished run, a run still going (the metrics and checkpoints so far) and a run directory
 copied from elsewhere: everything is read relative to RUN_DIR. Bad input: one ``error:`` line, exit 2.

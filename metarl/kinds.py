@@ -130,3 +130,7 @@ SCHEDULE = register(Kind(
     "schedule", seam="schedule", component="metarl.inner_loops.components.LearnedSchedules",
     baseline=lambda inner: "PPO's hyperparameters" + (" (lr annealed)" if getattr(inner, "anneal_lr", False) else ""),
     plot="metarl.figures.schedule_plots"))
+OPTIMISER = register(Kind(
+    "optimiser", seam="optimiser", component="metarl.inner_loops.optimisers.LearnedOptimiser",
+    baseline=lambda inner: f"Adam, lr {inner.lr:g}" + (" annealed" if getattr(inner, "anneal_lr", False) else ""),
+    plot="metarl.figures.component_plots"))

@@ -2,12 +2,19 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import os
 import sys
+import threading
+import time
 import types
+from pathlib import Path
 from typing import Iterator, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+EXIT_STALLED = 75  # sysexits.h's EX_TEMPFAIL, "try again later": a launcher retries (docs/resume.md)
 
 
 @contextlib.contextmanager
@@ -23,3 +30,35 @@ def progress(description: str, total: Optional[int] = None, enabled: bool = True
                   disable=not shown) as bar:
         task = bar.add_task(description, total=total)
         yield types.SimpleNamespace(update=lambda n=1: bar.advance(task, n))
+
+
+class Watchdog:
+    """Ends this process when a step runs over ``settings.factor`` times the longest per unit of work before it in
+    this process (and ``settings.min_seconds``): every thread's stack to ``stacks``, one line ending in ``then``,
+    exit ``EXIT_STALLED``. A thread, not faulthandler's own timer, whose exit code is always 1; it runs while the
+    main thread waits inside XLA, which releases the GIL. ``factor`` 0: off."""
+
+    def __init__(self, settings, stacks: Path, then: str):
+        self.factor, self.min_seconds, self.stacks, self.then = settings.factor, settings.min_seconds, stacks, then
+        self.rate = 0.0
+
+    @contextlib.contextmanager
+    def watch(self, what: str, work: float = 1.0):
+        limit = max(self.factor * self.rate * work, self.min_seconds)
+        timer = threading.Timer(limit, self._fire, (what, limit))
+        timer.daemon = True
+        if self.factor and self.rate:  # the first step has nothing to be compared with
+            timer.start()
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            timer.cancel()
+        self.rate = max(self.rate, (time.perf_counter() - t) / work)
+
+    def _fire(self, what: str, limit: float) -> None:
+        with open(self.stacks, "w") as f:
+            faulthandler.dump_traceback(f, all_threads=True)
+        print(f"error: {what} still running after {limit:.0f} s, over {self.factor:g}x the longest before it: "
+              f"stopped; every thread's stack is in {self.stacks}. {self.then}", file=sys.stderr, flush=True)
+        os._exit(EXIT_STALLED)

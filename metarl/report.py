@@ -31,10 +31,8 @@ def format_report(report: dict) -> str:
         lines.append("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {t['configured'][k]:.4g})"
                                                     for k, v in t["hyperparameters"].items())
                      + f", tuned with {t['trainings']:,} trainings (the search: {t['search_trainings']:,})"
-                     + (f"; its fitness on fresh seeds {t['fitness']:.3f} {bracket(t['fitness_ci95'])}"
-                        if t.get("fitness_ci95") else "")
-                     + (f", as the best of its candidates {bracket(t['fitness_ci95_best_of'])}"
-                        if t.get("fitness_ci95_best_of") else ""))
+                     + (f"; its fitness on fresh seeds {t['fitness']:.3f} {bracket(t['fitness_ci95_best_of'])} "
+                        "(adjusted for the best of its candidates)" if t.get("fitness_ci95_best_of") else ""))
         if t.get("tunings"):  # several tunings: how far apart they landed
             lines.append(f"spread across {len(t['tunings'])} tunings (baseline: {t['chosen_by']}): " + ", ".join(
                 f"{k} {low:.4g} to {high:.4g}" for k, (low, high) in t["spread"].items()))
@@ -90,7 +88,7 @@ def _table(report: dict, roles: dict) -> list[str]:
     shown = _in_order(report)
     scored = [s for s in shown if s not in (roles["baseline"], roles.get("configured"))]
     per_task = [side["label"] for side in report["sides"] if side["role"] == "per_task"]
-    names = {"test": "p vs tuned" if "configured" in roles else "p (Welch)", "test_configured": "p vs config",
+    names = {"test": "p vs tuned" if "configured" in roles else "p (paired)", "test_configured": "p vs config",
              "test_formula": "p formula", TUNING[0]: "p vs config"}
     tests = [(test, names.get(test) or f"p {roles['per_task'].split()[-1]}") for test, *_ in comparisons(roles)]
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
@@ -104,25 +102,33 @@ def _table(report: dict, roles: dict) -> list[str]:
     for r in report["tasks"]:
         lines.append(f"{r['task']:<{width}}{r['split']:<12}" + "".join(f"{cell(r['sides'][s]):<{cols[s]}}" for s in shown)
                      + f"{r['random_return']:>8.2f}" + "".join(f"{r['normalized'][s]:>15.3f}" for s in scored)
-                     + "".join(f"{r[test]['welch_p']:>13.3g}" for test, _ in tests))
-    return lines
+                     + "".join(f"{r[test]['paired_p']:>13.3g}" for test, _ in tests))
+    flagged = [r["task"] for r in report["tasks"] if r["degenerate"]]
+    return lines + [f"flagged: {', '.join(flagged)}: the baseline does not clear random play beyond noise (one-sided "
+                    "Welch p >= 0.05): no scale to normalise by, left out of the aggregates"] * bool(flagged)
 
 
 def _aggregate_lines(report: dict, roles: dict) -> list[str]:
-    """Per split, the IQM of each side's normalised scores and the probabilities of improvement."""
+    """Per split, the IQM of each side's normalised scores, the differences and probabilities of improvement, and
+    the differences with the flagged tasks beside."""
     named = {role: "learned" if role == "learned" else _short(label) for role, label in roles.items()}
     lines = []
     for name, agg in report["aggregate"].items():
         iqms, better = [], []
         for _, key, a, b in comparisons(roles):
-            v = agg if key is None else agg[key]
+            v, w = (agg, agg.get("with_left_out")) if key is None else (agg[key], agg.get("with_left_out", {}).get(key))
             # the sides whose IQMs this comparison adds: both (the first, or TUNING's two baselines), else the new one
             added = ([(a, "learned"), (b, "baseline")] if key in (None, TUNING[1])
                      else [(b, "baseline")] if a == "learned" else [(a, "learned")])
             iqms += [f"{_short(roles[side])} {v[f'iqm_{which}']:.3f} {bracket(v[f'iqm_{which}_ci95'])}"
                      for side, which in added]
-            better.append(f"P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
+            better.append(f"{named[a]} - {named[b]} {v['iqm_difference']:+.3f} "
+                          f"{bracket(v['iqm_difference_ci95'], '+.3f')}"
+                          + (f" (flagged in: {w['iqm_difference']:+.3f} {bracket(w['iqm_difference_ci95'], '+.3f')})"
+                             if w else "") + f", P({named[a]} > {named[b]}) = {v['probability_of_improvement']:.3f} "
                           f"{bracket(v['probability_of_improvement_ci95'])}")
-        lines += [f"{name} ({agg['tasks']} task(s)), IQM of normalised scores: " + ", ".join(iqms),
+        left_out = f"; {', '.join(agg['left_out'])} flagged, left out" if agg.get("left_out") else ""
+        lines += [f"{name} ({agg['tasks']} task(s){left_out}), IQM of normalised scores: " + ", ".join(iqms),
                   "    " + "; ".join(better)]
-    return lines + ["(sides: " + "; ".join(_in_order(report)) + "; stratified bootstrap CIs as rliable computes them)"]
+    return lines + ["(sides: " + "; ".join(_in_order(report)) + "; stratified bootstrap CIs over every side's seeds, "
+                    "resampled jointly (paired), and the normalising baseline mean)"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,14 +27,13 @@ def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = No
 
 
 def history(run_dir: str | Path) -> list[dict]:
-    """Per-generation records: the run's metrics, or the latest checkpoint's copy if that is longer."""
-    records = rundir.RunDir(run_dir).metrics()
-    with contextlib.suppress(rundir.CheckpointError):
-        ckpt = rundir.Checkpointer(run_dir, write=False)
-        if ckpt.latest_step() is not None:
-            records = max(records, ckpt.read_meta()["history"], key=len)  # the first of two as long
-        ckpt.close()
-    return records
+    """Per-generation records: the run's metrics, or the newest good checkpoint's copy if that is longer (saying
+    which it skipped); ``CheckpointError`` if none is good."""
+    with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as ckpt:
+        step, _, meta = ckpt.newest()
+    if ckpt.skipped:
+        print(f"note: {ckpt.skipped_note(step)}", file=sys.stderr)
+    return max(rundir.RunDir(run_dir).metrics(), meta.get("history", []), key=len)  # the first of two as long
 
 
 @dataclasses.dataclass

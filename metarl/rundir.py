@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
 import shutil
 import socket
+import sys
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,6 +29,9 @@ VALIDATION = "validation.json"        # the final pick on fresh seeds
 # the exported meta-parameters (flax msgpack) and what they are
 BEST_PARAMS, BEST_INFO = "best_meta_params.msgpack", "best_meta_params.json"
 CKPT = "ckpt"                         # Orbax checkpoints of the outer state
+DAMAGED = ".damaged"                  # ckpt/6.damaged: a checkpoint set aside unreadable; Orbax lists only ckpt/6
+CKPT_ERRORS = "checkpoint_errors.log"  # why each skipped checkpoint could not be read: the full exceptions
+STACKS = "stacks.txt"                 # every thread's stack when the watchdog ended a stalled run
 FIGURES = "figures"                   # inspect's, evaluate's and distill's figures
 DISTILL = "distill.json"              # ``metarl.distill``'s front of formulas
 PER_TASK = "per_task_tuning.json"     # ``metarl.evaluate per_task=...``'s finished tunings, reused when it runs again
@@ -80,6 +86,7 @@ class RunDir(os.PathLike):
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.ckpt, self.figures, self.lock = self.path / CKPT, self.path / FIGURES, self.path / LOCK
+        self.ckpt_errors, self.stacks = self.path / CKPT_ERRORS, self.path / STACKS
         self.reference, self.tuned, self.validation, self.distill = (
             JsonFile(self.path / name) for name in (REFERENCE, TUNED, VALIDATION, DISTILL))
         self.per_task = JsonFile(self.path / PER_TASK, indent=None)   # thousands of numbers: one line
@@ -92,8 +99,6 @@ class RunDir(os.PathLike):
 
     def tuning(self, i: int = 0) -> "RunDir":
         return RunDir(self.path / (TUNE if i == 0 else f"{TUNE}-{i + 1}"))
-
-    tune = property(tuning)
 
     def evaluation(self, suffix: str = "") -> JsonFile:
         return JsonFile(self.path / f"evaluation{suffix}.json")
@@ -184,9 +189,30 @@ class RunDir(os.PathLike):
         from flax import serialization
         if not (self.path / BEST_PARAMS).exists():
             raise CheckpointError(f"{self.path / BEST_PARAMS}: no exported meta-parameters")
-        params = serialization.msgpack_restore((self.path / BEST_PARAMS).read_bytes())
-        info = json.loads((self.path / BEST_INFO).read_text())
+        try:
+            params = serialization.msgpack_restore((self.path / BEST_PARAMS).read_bytes())
+            info = json.loads((self.path / BEST_INFO).read_text())
+        except Exception as err:  # msgpack and json raise many types for damaged bytes
+            raise CheckpointError(f"{self.path / BEST_PARAMS}: unreadable ({type(err).__name__}); allowed: "
+                                  "the files a run exported (restore them from a copy)") from None
         return (params if template is None else serialization.from_state_dict(template, params)), info
+
+
+def digest(state: Any, meta: dict) -> str:
+    """SHA-256 of a checkpoint's host leaves and JSON, leaf by leaf in sorted order: the same for a tree restored
+    with or without a template (its order and containers differ), costing one pass over the bytes."""
+    import jax
+    import numpy as np
+    leaves = sorted(hashlib.sha256(f"{x.dtype}{x.shape}".encode() + np.ascontiguousarray(x).tobytes()).hexdigest()
+                    for x in map(np.asarray, jax.tree.leaves(state)))
+    text = json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True)
+    return hashlib.sha256("".join(leaves).encode() + text.encode()).hexdigest()
+
+
+# tensorstore's reads of a failed restore finish after Orbax has closed their event loop, each one then an
+# unraisable 'Event loop is closed' on stderr: dropped (the error itself is logged), the rest passed on.
+_passed_on = sys.unraisablehook
+sys.unraisablehook = lambda unraisable: "Event loop is closed" in str(unraisable.exc_value) or _passed_on(unraisable)
 
 
 def _is_key(x) -> bool:
@@ -207,9 +233,10 @@ def from_host(value, template):
 
 
 class Checkpointer:
-    """The Orbax checkpoints: at generation G, the state after G generations and, as JSON, their history and
-    the config. Orbax renames a step's temporary directory when complete, so a kill mid-write leaves the
-    previous checkpoint intact (the leftover is removed). Orbax is imported on first use: it takes seconds, and
+    """The Orbax checkpoints: at generation G, the state after G generations and, as JSON, their history, the
+    config and both's ``digest`` (Orbax checks no data file's contents). Orbax renames a step's temporary
+    directory when complete, so a kill mid-write leaves the previous checkpoint intact (the leftover is removed,
+    a damaged one set aside: ``set_aside``). Orbax is imported on first use: it takes seconds, and
     the CLI imports this module (CheckpointError) to check input."""
 
     def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
@@ -218,6 +245,7 @@ class Checkpointer:
         self.write = write  # only process 0 writes in a multi-process run
         self.dir = ckpt_dir = RunDir(run_dir).ckpt
         self.removed_incomplete = []  # step directories a kill left half-written (Orbax never reads them)
+        self.skipped, self.errors = [], RunDir(run_dir).ckpt_errors  # (step, cause) of each unreadable one
         if write:
             ckpt_dir.mkdir(parents=True, exist_ok=True)
             for child in ckpt_dir.iterdir():
@@ -232,9 +260,6 @@ class Checkpointer:
             multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}))
         self.manager = ocp.CheckpointManager(os.path.abspath(ckpt_dir), options=options)
 
-    def latest_step(self) -> Optional[int]:
-        return self.manager.latest_step()
-
     def save(self, generation: int, state: Any, history: list[dict], config: dict) -> None:
         if not self.write or generation in self.manager.all_steps():  # a resumed run reaching a saved step again
             return
@@ -242,32 +267,65 @@ class Checkpointer:
         # process to write a global one.
         import jax
         import orbax.checkpoint as ocp
+        host = jax.tree.map(to_host, state)
         meta = {"generation": generation, "history": history, "config": config}
+        meta["digest"] = digest(host, meta)
         self.manager.save(generation, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(jax.tree.map(to_host, state)), meta=ocp.args.JsonSave(meta)))
+            state=ocp.args.StandardSave(host), meta=ocp.args.JsonSave(meta)))
         self.manager.wait_until_finished()
 
-    def restore(self, template_state: Any, step: Optional[int] = None) -> tuple[Any, dict]:
+    def restore(self, template_state: Any, step: int) -> tuple[Any, dict]:
+        """Checkpoint ``step``'s state (shaped as ``template_state``; None: host arrays as saved) and JSON;
+        ``CheckpointError`` with a cause in a few words if it cannot be read or differs from its digest."""
         import jax
         import numpy as np
-        restored = self._read(step, state=jax.tree.map(lambda x: np.zeros_like(to_host(x)), template_state))
-        return jax.tree.map(from_host, restored["state"], template_state), restored["meta"]
-
-    def read_meta(self, step: Optional[int] = None) -> dict:
-        """The JSON part only (history and config): enough for plots, no template needed."""
-        return self._read(step)["meta"]
-
-    def _read(self, step: Optional[int], **abstract) -> dict:
-        step = self.latest_step() if step is None else step
-        if step is None:
-            raise CheckpointError(f"{self.dir}: no checkpoint to restore")
         import orbax.checkpoint as ocp
-        parts = {name: ocp.args.StandardRestore(tree) for name, tree in abstract.items()}
+        host = None if template_state is None else jax.tree.map(lambda x: np.zeros_like(to_host(x)), template_state)
         try:
-            return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore(), **parts))
-        except Exception as err:  # Orbax raises many types for unreadable data
-            raise CheckpointError(f"{self.dir / str(step)}: checkpoint unreadable "
-                                  f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from None
+            restored = self.manager.restore(step, args=ocp.args.Composite(
+                meta=ocp.args.JsonRestore(), state=ocp.args.StandardRestore(host)))
+            saved = restored["meta"].get("digest")
+            if saved is not None and saved != digest(restored["state"], restored["meta"]):  # None: saved unhashed
+                raise ValueError("DIGEST: the restored state or history differs from the digest saved with it")
+        except Exception as err:  # Orbax raises many types for unreadable data; the whole one goes to a log
+            with open(self.errors, "a") as log:
+                log.write(f"{self.dir / str(step)}:\n{''.join(traceback.format_exception(err))}\n")
+            causes = {"OUT_OF_RANGE": "truncated file", "DATA_LOSS": "corrupt file", "NOT_FOUND": "missing file",
+                      "DIGEST": "digest mismatch"}  # tensorstore's status codes (and ours) in a few words
+            cause = next((words for code, words in causes.items() if code in str(err)), type(err).__name__)
+            raise CheckpointError(f"{self.dir / str(step)}: checkpoint unreadable ({cause}; the full error is in "
+                                  f"{self.errors})", cause) from None
+        state, meta = restored["state"], restored["meta"]
+        return (state if template_state is None else jax.tree.map(from_host, state, template_state)), meta
+
+    def newest(self, template_state: Any = None) -> tuple[Optional[int], Any, dict]:
+        """``(step, state, meta)`` of the newest checkpoint that reads back as saved, the newer ones in
+        ``skipped``; ``(None, None, {})`` without any; ``CheckpointError``, one line saying what to do, if none
+        reads."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        for step in steps:
+            try:
+                return step, *self.restore(template_state, step)
+            except CheckpointError as err:
+                self.skipped.append((step, err.args[1]))
+        if steps:
+            first = f"{steps[0]}: {self.skipped[0][1]}"
+            raise CheckpointError(f"{self.dir}: no checkpoint readable ({len(steps)} tried; {first}); start afresh "
+                                  "with another run_dir=, or restore it from a copy")
+        return None, None, {}
+
+    def skipped_note(self, generation: int) -> str:
+        """One line: the checkpoints skipped and the generation used instead."""
+        return (f"skipped damaged checkpoint(s) {', '.join(f'{self.dir / str(s)} ({c})' for s, c in self.skipped)}"
+                f"; from generation {generation}")
+
+    def set_aside(self, after: int) -> list[str]:
+        """Rename the checkpoints newer than ``after`` (a resume fell back past them) out of Orbax's sight, kept."""
+        moved = [unique_dir(self.dir / f"{step}{DAMAGED}") for step in self.manager.all_steps() if step > after]
+        for path in moved:
+            os.rename(self.dir / path.name.split(".")[0], path)
+        self.manager.reload()
+        return [path.name for path in moved]
 
     def close(self):
         self.manager.close()

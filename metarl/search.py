@@ -13,7 +13,7 @@ import numpy as np
 from metarl import compilation, devices, errors, rundir
 from metarl.cli import stop_signals_to
 from metarl.config import RunConfig
-from metarl.progress import progress
+from metarl.progress import Watchdog, progress
 from metarl.rundir import RunDir
 from metarl.tasks import Task, build_task
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
@@ -28,6 +28,7 @@ class Searched:
     start: int
     compile_seconds: float = 0.0
     best_so_far: float = float("nan")
+    skipped: str = ""  # the damaged checkpoints skipped to restore (``Checkpointer.skipped_note``)
 
     def summary(self) -> dict:
         fps = [r["fps"] for r in self.history[self.start:]]
@@ -60,16 +61,17 @@ def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", refere
 
 
 def restore(cfg: RunConfig, run_dir: RunDir, evo: Evolution) -> Searched:
-    """The latest checkpoint's state, or a new one, writing nothing (``CheckpointError`` if unreadable); its shapes
-    ignore tuned values and reference returns, so any evolution of the run's search restores it."""
+    """The newest good checkpoint's state, or a new one, writing nothing but the errors' log (``CheckpointError``
+    if none reads); its shapes ignore tuned values and reference returns, so any evolution of the run's search
+    restores it."""
     state = evo.init(jax.random.key(cfg.seed))
     with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as reader:
-        step = reader.latest_step()  # None without a checkpoint directory, which a reader does not create
-        if step is None:
-            return Searched(state, [], 0)
-        state, meta = reader.restore(state, step)
+        step, restored, meta = reader.newest(state)
+    if step is None:
+        return Searched(state, [], 0)
     start = int(meta["generation"])
-    return Searched(state, list(meta["history"])[:start], start)
+    skipped = reader.skipped_note(start) if reader.skipped else ""
+    return Searched(restored, list(meta["history"])[:start], start, skipped=skipped)
 
 
 def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[float]) -> dict:
@@ -95,6 +97,8 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
         logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
     if ckpt.removed_incomplete:
         logger.message(f"removed incomplete checkpoint(s) left by a kill: {', '.join(ckpt.removed_incomplete)}")
+    if restored.skipped and is_main:
+        logger.message(f"{restored.skipped}; set aside as {', '.join(ckpt.set_aside(start))}")
     if start >= cfg.es.generations:  # a finished search resumed for what follows it: nothing to compile
         ckpt.close()
         return Searched(state, history, start, 0.0, float(state.best_fitness))
@@ -109,6 +113,8 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
     if cfg.fitness.num_seeds == 1:
         logger.message("note: fitness.num_seeds=1 measures no seed noise: signal_within, seed_noise, signal and "
                        "update_signal are recorded as null (docs/signal.md); fitness.num_seeds >= 2 measures them")
+    top = run_dir.path.parent if run_dir.path.name.startswith(rundir.TUNE) else run_dir  # a tuning's: the run's
+    watchdog = Watchdog(cfg.watchdog, run_dir.stacks, f"Continue with: python -m metarl.evolve resume={top}")
     received = []  # the stop signals this process got, read between generations (a generation is one XLA call)
 
     def on_stop(signum, frame):
@@ -119,7 +125,8 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
     with stop_signals_to(on_stop):
         for done in range(start + 1, cfg.es.generations + 1):
             t = time.perf_counter()
-            with progress(f"generation {done}/{cfg.es.generations}", enabled=shown):
+            with progress(f"generation {done}/{cfg.es.generations}", enabled=shown), \
+                    watchdog.watch(f"generation {done}"):
                 state, stats = step(state)
                 stats = jax.device_get(stats)
             record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)

@@ -210,7 +210,11 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
              "trainings": sum(r["trainings"] for r in runs[:n]) + rescore * n * (len(runs) > 1),
              "search_trainings": trainings(cfg) + pick_trainings(cfg), "seed": best["seed"],
              "seconds": sum(r["seconds"] for r in runs), "run_dir": best["run_dir"],
-             "warnings": tuning_warnings(cfg.baseline.tune, best["hyperparameters"], best["history"]), **spread}
+             **spread}
+    # every tuning a side uses: the search's start and the evaluation's baseline (matched compute)
+    used = sorted({chosen, spread.get("matched", {}).get("chosen", chosen)})
+    tuned["warnings"] = [w for i in used for w in tuning_warnings(cfg.baseline.tune, runs[i]["hyperparameters"],
+                                                                  runs[i]["history"], name=runs[i]["run_dir"])]
     if is_main:
         run_dir.tuned.write(tuned)
     say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
@@ -276,25 +280,28 @@ def _rescore(evo: Evolution, candidates, keys, what: str, shown: bool) -> tuple:
         return jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(candidates, keys))
 
 
-def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05) -> list[str]:
-    """Signs that a tuning has not found its optimum: a value within ``edge`` (of the range, log where it is) of an
-    end, or a population mean rising over the last third of the generations by more than twice its scatter."""
-    found = []
-    for name, value in values.items():
-        low, high = space[name]["low"], space[name]["high"]
-        scale = np.log if space[name].get("log") else (lambda x: x)
+def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05, name: str = "") -> list[str]:
+    """Signs that a tuning (``name``) has not found its optimum: a value within ``edge`` (of the range, log where it
+    is) of an end, or a population mean rising over the last third of the generations by more than twice its
+    scatter; under 8 generations, too few to judge that (the last third's trend needs 4 points at least)."""
+    found, name = [], name and name + ": "
+    for key, value in values.items():
+        low, high = space[key]["low"], space[key]["high"]
+        scale = np.log if space[key].get("log") else (lambda x: x)
         where = float((scale(value) - scale(low)) / (scale(high) - scale(low)))
         if min(where, 1 - where) < edge:
             end, bound = ("low", low) if where < 0.5 else ("high", high)
-            found.append(f"{name} {value:.4g} lies within {edge:.0%} of its range's {end} end {bound:.4g}; "
-                         f"widen baseline.tune.{name}")
+            found.append(f"{name}{key} {value:.4g} lies within {edge:.0%} of its range's {end} end {bound:.4g}; "
+                         f"widen baseline.tune.{key}")
     means = np.array([r["mean"] for r in history if r.get("mean") is not None], float)
-    last = means[-max(3, len(means) // 3):]
-    if len(means) >= 6:
+    last = means[-max(4, len(means) // 3):]
+    if len(means) < 8:
+        found.append(f"{name}{len(means)} generations are too few to judge whether the population mean still rises")
+    else:
         slope, intercept = np.polyfit(np.arange(len(last)), last, 1)
         scatter = np.std(last - (slope * np.arange(len(last)) + intercept))
         if slope * (len(last) - 1) > 2 * scatter and slope > 0:
-            found.append(f"the population mean still rose over the last {len(last)} generations "
+            found.append(f"{name}the population mean still rose over the last {len(last)} generations "
                          f"({last[0]:.3g} -> {last[-1]:.3g}); run longer (baseline.generations)")
     return found
 
@@ -348,8 +355,8 @@ def _picked_earlier(run_dir: RunDir, generation: int, seeds: int) -> Optional[di
 def _say_pick(report: dict, message: Callable[[str], None], verb: str) -> None:
     rows = report["candidates"]
     chosen = next(r for r in rows if r["candidate"] == report["picked"])
+    # the interval adjusted for the choice (Bonferroni over the candidates): the unadjusted one flatters the best
     message(f"{verb} on {report['seeds']} fresh seeds: {report['picked']}, fitness {chosen['validation_fitness']:.3f} "
-            f"{bracket(chosen['validation_ci95'])}, as the best of {len(rows)} "
-            f"{bracket(chosen['validation_ci95_best_of'])} ("
+            f"{bracket(chosen['validation_ci95_best_of'])} (adjusted for the best of {len(rows)}; "
             + "; ".join(f"{r['candidate']} {r['validation_fitness']:.3f}" for r in rows)
             + "); exported, validation.json has each")

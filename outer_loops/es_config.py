@@ -20,7 +20,8 @@ class ESConfig:
     """Search settings. ``lr``/``optimizer`` apply to strategies that take a gradient step (their
     constructor has an ``optimizer``); ``std_init`` to those with an initial search width (a
     ``std_init`` parameter or a ``std_schedule``); ``antithetic`` to those with
-    ``use_antithetic_sampling``; ``fitness_shaping=None`` keeps the strategy's own default.
+    ``use_antithetic_sampling``; ``fitness_shaping=None`` keeps the strategy's own default. ``std_decay`` and
+    ``lr_decay`` multiply the search width and the step size once per generation (OPEN's 0.999; 1: constant).
     ``target`` names a strategy class of your own, built with ``args``; it takes the place of
     ``strategy``. A config file writes it ``_target_``, Hydra's name for a class to build (the
     field's ``alias``)."""
@@ -31,6 +32,8 @@ class ESConfig:
     lr: float = 0.05
     optimizer: str = "adam"
     adam_b1: float = 0.9
+    std_decay: float = 1.0
+    lr_decay: float = 1.0
     fitness_shaping: Optional[str] = None
     antithetic: bool = True
     target: Optional[str] = dataclasses.field(default=None, metadata={"alias": "_target_"})
@@ -68,6 +71,9 @@ class ESConfig:
             raise ValueError(f"std_init: {self.std_init!r}; allowed: a finite number > 0")
         if not 0 < self.lr < float("inf"):
             raise ValueError(f"lr: {self.lr!r}; allowed: a finite number > 0")
+        for name in ("std_decay", "lr_decay"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: > 0 and <= 1 (1: no decay)")
         if not 0 <= self.adam_b1 < 1:
             raise ValueError(f"adam_b1: {self.adam_b1!r}; allowed: >= 0 and < 1")
         if self.optimizer not in OPTIMIZERS:
@@ -118,19 +124,23 @@ def _driver_kwargs(config: ESConfig, cls) -> dict[str, Any]:
 
     takes = set(constructor_arguments(cls)[0])
     kwargs: dict[str, Any] = {}
+    # Stepped once per generation (evosax counts its generations and optax its updates, one per tell).
+    decayed = lambda value, decay: (value if decay == 1.0 else  # noqa: E731
+                                    optax.exponential_decay(value, transition_steps=1, decay_rate=decay))
     if config.fitness_shaping is not None and "fitness_shaping_fn" in takes:
         kwargs["fitness_shaping_fn"] = strategy_tables()[2][config.fitness_shaping]
     if "optimizer" in takes:
         # ClipUp (Toklu et al. 2020), PGPE's usual optimiser: normalised gradient, momentum, clipped speed.
         kwargs["optimizer"] = {
-            "adam": lambda: optax.adam(config.lr, b1=config.adam_b1),
-            "sgd": lambda: optax.sgd(config.lr),
+            "adam": lambda: optax.adam(decayed(config.lr, config.lr_decay), b1=config.adam_b1),
+            "sgd": lambda: optax.sgd(decayed(config.lr, config.lr_decay)),
             "clipup": lambda: optax.chain(optax.normalize_by_update_norm(scale_factor=1.0),
                                           optax.sgd(config.lr, momentum=0.9),
                                           optax.clip_by_global_norm(2.0 * config.lr)),
         }[config.optimizer]()
     if "std_schedule" in takes:
-        kwargs["std_schedule"] = optax.constant_schedule(config.std_init)
+        kwargs["std_schedule"] = (optax.constant_schedule(config.std_init) if config.std_decay == 1.0
+                                  else decayed(config.std_init, config.std_decay))
     if "use_antithetic_sampling" in takes:
         kwargs["use_antithetic_sampling"] = config.antithetic
     return kwargs

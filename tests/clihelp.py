@@ -142,7 +142,7 @@ def final_state(run_dir):
     _, evo = build_evolution(load_config(run_dir), mesh=None)
     ckpt = rundir.Checkpointer(run_dir, write=False)
     try:
-        return ckpt.restore(evo.init(jax.random.key(0)))
+        return ckpt.newest(evo.init(jax.random.key(0)))[1:]
     finally:
         ckpt.close()
 

@@ -1,6 +1,9 @@
 """Parts of a user's own, named by `_target_` in tests (this folder is put on the subprocesses' path)."""
 import dataclasses
+import os
+import time
 
+import jax
 import jax.numpy as jnp
 import optax
 from evosax.algorithms import Open_ES
@@ -39,3 +42,18 @@ class NotAComponent:
 
     def __init__(self, delta_init=1.0):
         self.delta_init = delta_init
+
+
+class StallingHuberValueLoss(HuberValueLoss):
+    """The Huber loss, whose training hangs (a callback sleeps) once the file named by METARL_TEST_STALL as
+    PATH:LINES holds LINES lines: a generation that stalls, for the watchdog's test."""
+
+    def apply(self, meta_params, value, old_value, target, config):
+        jax.debug.callback(_stall_when_due)
+        return super().apply(meta_params, value, old_value, target, config)
+
+
+def _stall_when_due():
+    path, _, lines = os.environ.get("METARL_TEST_STALL", "").partition(":")
+    if path and os.path.exists(path) and len(open(path).read().splitlines()) >= int(lines):
+        time.sleep(600)

@@ -172,3 +172,24 @@ def test_bad_custom_strategy_names_the_field(kwargs, field):
         ESConfig(**kwargs).validate()
     assert str(err.value).startswith(field + ":"), str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_std_and_lr_decay_per_generation_as_open():
+    """es.std_decay and es.lr_decay multiply Open_ES's search width and step once per generation; 1 keeps them."""
+    from metarl.outer_loops.es_config import make_strategy
+
+    template = {"x": jnp.zeros((3,), jnp.float32)}
+    stds = {}
+    for decay in (1.0, 0.5):
+        es, params = make_strategy(ESConfig(popsize=4, std_init=0.1, lr=0.1, std_decay=decay, lr_decay=decay), template)
+        state = es.init(jax.random.key(0), template, params)
+        seen = []
+        for gen in range(3):
+            pop, state = es.ask(jax.random.key(gen), state, params)
+            state, _ = es.tell(jax.random.key(gen), pop, jnp.arange(4.0), state, params)
+            seen.append(float(state.std))
+        stds[decay] = seen
+    np.testing.assert_allclose(stds[1.0], [0.1] * 3, rtol=1e-6)
+    np.testing.assert_allclose(stds[0.5], [0.1, 0.05, 0.025], rtol=1e-6)  # evosax: schedule(generations told - 1)
+    with pytest.raises(ValueError, match=r"^std_decay: 0; allowed: > 0 and <= 1"):
+        make_strategy(ESConfig(std_decay=0), template)

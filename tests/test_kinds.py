@@ -115,7 +115,7 @@ def test_a_kind_added_by_one_registration_runs_end_to_end(step_scale_kind, tmp_p
 
 def test_an_unregistered_kind_names_the_registered_ones():
     with pytest.raises(ConfigError, match=r"^component.kind: 'step_scale'; allowed: value_loss, policy_objective, "
-                                          r"hyperparams, schedule, or the dotted path of a metarl.kinds.Kind$"):
+                                          r"hyperparams, schedule, optimiser, or the dotted path of a metarl.kinds.Kind$"):
         build_task(config_lib.from_dict(RUN))
     with pytest.raises(ConfigError, match=r"^component.kind: test_kinds.scale_figure is a function, not a Kind"):
         build_task(config_lib.from_dict({**RUN, "component": {"kind": "test_kinds.scale_figure"}}))

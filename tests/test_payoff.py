@@ -22,7 +22,7 @@ ARGS = ["experiment=horizon", *[a for a in TINY if not a.startswith(("component.
 
 
 def test_holm_adjusts_step_down_and_keeps_the_order():
-    from metarl.payoff import holm
+    from metarl.stats import holm
 
     # sorted: 0.01 * 3, 0.02 * 2, 0.04 * 1; each at least the one before it
     np.testing.assert_allclose(holm(np.array([0.04, 0.01, 0.02])), [0.04, 0.03, 0.04])
@@ -43,6 +43,9 @@ def test_the_four_sided_evaluation_with_matched_compute_and_break_even(tmp_path)
     best = int(np.argmax([first["fresh_fitness"], second["fresh_fitness"]]))
     assert tuned["matched"]["chosen"] == best
     assert tuned["matched"]["hyperparameters"] == tuned["tunings"][best]["hyperparameters"]
+    # every tuning a side uses is checked, the matched baseline's too; 2 generations are too few to judge a trend
+    for i in {0, best}:
+        assert f"{tuned['tunings'][i]['run_dir']}: 2 generations are too few to judge" in " ".join(tuned["warnings"])
     assert tuned["trainings"] == first["trainings"] + 2 * 2              # one tuning and its fresh seeds (paired)
     assert tuned["matched"]["trainings"] == tuned["trainings"] + second["trainings"] + 2 * 2
 
@@ -53,30 +56,44 @@ def test_the_four_sided_evaluation_with_matched_compute_and_break_even(tmp_path)
     assert report["sides"][1]["label"].startswith("tuned baseline (matched compute): ")
     c = report["compute"]   # the tuned side spends at least what the learned side spends
     assert c["baseline"]["tuning"] == tuned["matched"]["trainings"] >= c["learned"]["tuning"] + c["learned"]["search"]
+    from metarl import payoff
+
+    flagged = [row["task"] for row in report["tasks"] if row["degenerate"]]
     s = report["payoff"]
-    assert s["tasks"] == [row["task"] for row in report["tasks"]] and list(s["by_k"]) == ["2", "4"]
-    assert s["iqm"]["baseline"] == pytest.approx(1.0, abs=0.5)
-    assert s["iqm_learned_ci95"][0] <= s["iqm_learned"] == s["iqm"]["learned"] <= s["iqm_learned_ci95"][1]
-    assert len(s["worse_p_holm"]) == 2
+    if len(flagged) == 2:   # at this size the baseline may not clear random play: the machinery on the same report
+        assert s is None
+        for row in report["tasks"]:
+            row["degenerate"] = False
+        s = payoff.payoff(report, frames_per_training=64 + 128)
+    else:
+        assert Path(s["figure"]).is_file()
+    assert s["tasks"] == [row["task"] for row in report["tasks"] if not row["degenerate"]]
+    assert list(s["by_k"]) == ["2", "4"]
+    assert s["iqm_ratio_ci95"][0] <= s["iqm_ratio"] <= s["iqm_ratio_ci95"][1]
+    assert s["iqm_difference_ci95"][0] <= s["iqm_difference"] <= s["iqm_difference_ci95"][1]
+    assert len(s["worse_p_holm"]) == len(s["not_worse_p_holm"]) == len(s["tasks"]) and s["paired"]
     frames = (64 + 128)   # a member trains on both budgets once
-    assert s["frames_per_training"] == frames and s["meta_frames"] == (c["learned"]["search"] + c["learned"]["tuning"]) * frames
+    assert s["frames_per_training"] == frames
+    assert s["meta_frames"] == (c["learned"]["search"] + c["learned"]["tuning"]) * frames
+    budgets = {"Acrobot-v1[total_timesteps=64]": 64, "CartPole-v1[total_timesteps=256]": 256}
     for k, b in s["by_k"].items():   # each k judged on its own
-        assert set(b["win"]) == {"recovered", "iqm", "no_pair_worse", "break_even"}
-        gain = b["iqm_per_task"] - s["iqm"]["baseline"]   # the share is undefined where tuning per task gained nothing
-        if gain > 0:
-            assert b["recovered"] == pytest.approx((s["iqm"]["learned"] - s["iqm"]["baseline"]) / gain)
+        assert set(b["win"]) == {"recovered", "iqm", "not_worse", "break_even"}
+        if b["gain_per_task"] > 0:   # the share is undefined where tuning per task gained nothing
+            assert b["recovered"] == pytest.approx(s["iqm_difference"] / b["gain_per_task"])
         else:
             assert np.isnan(b["recovered"]) and not b["win"]["recovered"]
-        assert b["win"]["no_pair_worse"] == (not s["worse_pairs"])
-        # per new task: k trainings at the held-out tasks' mean budget
-        assert b["per_task_frames"] == int(k) * (64 + 256) / 2
-        assert b["after"] == int(s["meta_frames"] // b["per_task_frames"]) + 1
-        assert b["win"]["break_even"] == (b["after"] <= 20)
-    assert report["json"].endswith("_held-out_per_task2-4.json") and Path(s["figure"]).is_file()
+        assert b["win"]["not_worse"] == (len(s["not_worse_pairs"]) == len(s["tasks"]))
+        # per new task: k trainings at the kept held-out tasks' mean budget; no break-even where nothing is recovered
+        assert b["per_task_frames"] == int(k) * np.mean([budgets[t] for t in s["tasks"]])
+        assert b["after"] == (int(s["meta_frames"] // b["per_task_frames"]) + 1 if b["recovered"] > 0 else None)
+        assert b["win"]["break_even"] == (b["after"] is not None and b["after"] <= 20)
+    assert report["json"].endswith("_held-out_per_task2-4.json")
+    report["payoff"] = {**s, "figure": str(tmp_path / "f.png")}
     text = evaluate.format_report(report)
-    assert "pays for itself? on 2 held-out task(s): learned IQM " in text
-    assert "against per-task tuning at k=2: recovered share of its gain " in text and "break-even after " in text
-    assert "against per-task tuning at k=4: " in text
+    assert f"pays for itself? on {len(s['tasks'])} held-out task(s)" in text
+    assert "seeds paired: learned IQM / tuned configuration's " in text
+    assert "against per-task tuning at k=2: its gain " in text and "(Fieller; denominator <= 0 in " in text
+    assert "against per-task tuning at k=4: " in text and "break-even: " in text
     assert f"tuned baseline compared with: tuning {best + 1}, the best of all 2" in text
     with pytest.raises(ValueError, match=r"^split: 'test'; allowed: all, held-out or trained-on$"):
         evaluate.evaluate(run_dir, split="test")

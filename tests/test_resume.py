@@ -2,12 +2,13 @@
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from clihelp import TINY, evolve, final_state, records, snapshot, start_evolve
+from clihelp import TINY, evolve, final_state, records, run_module, snapshot, start_evolve
 
 # A little more work per generation than TINY, so that a kill can land inside one.
 SLOWER = [a for a in TINY if not a.startswith("inner.total_timesteps")] + ["inner.total_timesteps=2048"]
@@ -77,24 +78,6 @@ def test_changed_search_is_refused_and_nothing_is_touched(tmp_path, straight_six
     assert len(records(run_dir)) == 7
 
 
-@pytest.mark.timeout(300)
-def test_corrupt_checkpoint_is_a_clear_error(tmp_path, straight_six):
-    run_dir = tmp_path / "run"
-    shutil.copytree(straight_six, run_dir)
-    latest = max(int(p.name) for p in (run_dir / "ckpt").iterdir() if p.name.isdigit())
-    for path in (run_dir / "ckpt" / str(latest)).rglob("*"):
-        if path.is_file() and "state" in path.parts:
-            path.write_bytes(b"garbage")
-    before = snapshot(tmp_path)
-    # es.generations=8 would rewrite config.yaml: the corruption must be found before that.
-    for args in ([f"resume={run_dir}", "es.generations=8"], ["experiment=value_loss", *TINY, f"run_dir={run_dir}"]):
-        proc = evolve(args, cwd=tmp_path)
-        assert proc.returncode == 2, proc.stderr
-        line = proc.stderr.strip().splitlines()
-        assert len(line) == 1 and "unreadable" in line[0] and str(latest) in line[0], proc.stderr
-        assert snapshot(tmp_path) == before
-
-
 @pytest.mark.timeout(600)
 def test_a_second_process_on_a_run_dir_is_refused_and_the_first_is_undisturbed(tmp_path, straight_six):
     run_dir = tmp_path / "run"
@@ -145,3 +128,100 @@ def test_a_run_saved_before_a_setting_was_added_still_counts_as_the_same_search(
     assert config_lib.search_differences(old, new) == []  # absent then, at its empty default now
     changed = {**new, "es": {**new["es"], "_target_": "my_pkg.MyES"}}
     assert config_lib.search_differences(old, changed) == ["es._target_: '<unset>' -> 'my_pkg.MyES'"]
+
+
+# Leaves over 1 KiB, which Orbax writes out of line into data files that nothing but the digest checks (smaller
+# ones sit in the b-tree's nodes, which tensorstore checksums).
+WIDE = [a for a in TINY if not a.startswith("component.")] + ["component.hidden=[64,64]"]
+
+
+@pytest.fixture(scope="module")
+def straight_wide(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("wide") / "run"
+    evolve(["experiment=value_loss", *WIDE, "es.generations=6", f"run_dir={run_dir}"], cwd=run_dir.parent,
+           check=True)
+    return run_dir
+
+
+def data_files(step: Path) -> list[Path]:
+    return [p for p in (step / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+
+
+def truncate(step: Path):  # every data file cut to half its size, as a full disk leaves them
+    for path in data_files(step):
+        path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+def flip(step: Path):  # four bytes inverted in the largest data file: corruption that no file format notices
+    path = max(data_files(step), key=lambda p: p.stat().st_size)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 4] = bytes(b ^ 0xFF for b in data[len(data) // 2:len(data) // 2 + 4])
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.timeout(600)
+def test_damaged_checkpoints_are_skipped_kept_aside_and_the_rerun_is_bit_identical(tmp_path, straight_wide):
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight_wide, run_dir)
+    ckpt = run_dir / "ckpt"
+    truncate(ckpt / "6")
+    flip(ckpt / "5")
+    damaged = {step: snapshot(ckpt / step) for step in ("5", "6")}
+    skipped = (f"skipped damaged checkpoint(s) {ckpt / '6'} (truncated file), {ckpt / '5'} (digest mismatch); "
+               "from generation 4")
+    proc = run_module("metarl.inspect", [f"run_dir={run_dir}"], cwd=tmp_path)
+    assert proc.returncode == 0 and f"note: {skipped}" in proc.stderr.splitlines(), proc.stderr
+    assert sorted(p.name for p in ckpt.iterdir()) == ["4", "5", "6"]  # a reader sets nothing aside
+    proc = evolve([f"resume={run_dir}"], cwd=tmp_path, check=True)
+    assert [line for line in proc.stdout.splitlines() if "skipped" in line] == [
+        f"{skipped}; set aside as 5.damaged, 6.damaged"], proc.stdout
+    assert {step: snapshot(ckpt / f"{step}.damaged") for step in ("5", "6")} == damaged  # kept as they were
+    assert_same_run(run_dir, straight_wide)  # generations 1 to 6 once each, the re-run ones identical
+
+
+@pytest.mark.timeout(600)
+def test_no_readable_checkpoint_is_one_line_and_exit_2_with_nothing_deleted(tmp_path, straight_wide):
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight_wide, run_dir)
+    ckpt = run_dir / "ckpt"
+    truncate(ckpt / "6")
+    flip(ckpt / "5")
+    flip(ckpt / "4")
+    before = snapshot(run_dir)
+    for module, args in (("metarl.evolve", [f"resume={run_dir}", "es.generations=8"]),
+                         ("metarl.inspect", [f"run_dir={run_dir}"])):
+        proc = run_module(module, args, cwd=tmp_path)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and lines == [
+            f"error: {ckpt}: no checkpoint readable (3 tried; 6: truncated file); start afresh with another "
+            "run_dir=, or restore it from a copy"], proc.stderr
+        assert len(lines[0]) < 200
+        after = snapshot(run_dir)
+        assert {path: after.get(path) for path in before} == before  # nothing deleted or changed
+        assert set(after) - set(before) == {"checkpoint_errors.log"}
+    log = (run_dir / "checkpoint_errors.log").read_text()
+    assert log.count("Traceback") == 6 and "OUT_OF_RANGE" in log and "DIGEST" in log  # the full errors, twice
+
+
+# A generation that hangs: a callback of the plug-in loss sleeps once metrics.jsonl holds 2 generations.
+STALLING = ["--config-dir", str(Path(__file__).resolve().parents[1] / "examples" / "experiments"),
+            "experiment=huber_value_loss", "component._target_=plugins.StallingHuberValueLoss",
+            *[a for a in TINY if not a.startswith("component.")], "es.generations=4", "watchdog.min_seconds=5"]
+
+
+@pytest.mark.slow  # three runs, about 40 s: every CLI test of the default suite arms the watchdog all the same
+@pytest.mark.timeout(600)
+def test_a_stalled_generation_ends_the_run_with_every_stack_and_a_resume_equals_a_straight_run(tmp_path):
+    straight, run_dir = tmp_path / "straight", tmp_path / "run"
+    evolve([*STALLING, f"run_dir={straight}"], cwd=tmp_path, check=True)
+    proc = evolve([*STALLING, f"run_dir={run_dir}"], cwd=tmp_path,
+                  extra_env={"METARL_TEST_STALL": f"{run_dir / 'metrics.jsonl'}:2"})
+    assert proc.returncode == 75, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: generation 3 still running after 5 s, over 10x the longest before it: stopped; every thread's "
+        f"stack is in {run_dir / 'stacks.txt'}. Continue with: python -m metarl.evolve resume={run_dir}"]
+    stacks = (run_dir / "stacks.txt").read_text()
+    assert stacks.count("hread 0x") >= 2 and "in _stall_when_due" in stacks and "in search" in stacks  # the callback
+    assert len(records(run_dir)) == 2
+    evolve([f"resume={run_dir}"], cwd=tmp_path, check=True)
+    assert_same_run(run_dir, straight)

@@ -90,7 +90,7 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     text = evaluate.format_report(report)
     assert "p vs tuned" in text and "p vs config" in text and "P(learned > baseline as configured)" in text
     assert f"its fitness on fresh seeds {tuned['fitness']:.3f} [" in text
-    assert ", as the best of its candidates [" in text
+    assert "] (adjusted for the best of its candidates)" in text
     assert "spread across 2 tunings (baseline: the best of 2 tunings on 4 fresh seeds): fresh_fitness " in text
     # One final return for the search and the evaluation: the run's fitness.statistic and window.
     assert report["statistic"] == "mean episode return over the last 20% of updates (the search's fitness statistic)"
@@ -209,13 +209,16 @@ def test_a_tuning_on_its_ranges_edge_or_still_rising_is_flagged():
     # The shipped H100 tuning: three values on the low ends of their ranges, its mean still climbing.
     record = RunDir(Path(__file__).parents[1] / "docs" / "runs" / "tuned_schedule_h100")
     tuned = record.tuned.read()
-    found = tuning_warnings(tuned["search_space"], tuned["hyperparameters"], record.tune.metrics())
+    found = tuning_warnings(tuned["search_space"], tuned["hyperparameters"], record.tuning().metrics())
     assert [w.split()[0] for w in found[:3]] == ["ent_coef", "clip_eps", "gae_lambda"]
     assert all("widen baseline.tune." in w for w in found[:3]) and "run longer" in found[3] and len(found) == 4
     # An interior point (on the log scale where the range is one) and a flat, noisy mean: nothing to say.
     space = {"lr": {"low": 1e-4, "high": 1e-2, "log": True}, "clip_eps": {"low": 0.05, "high": 0.4}}
     flat = [{"mean": m} for m in (0.1, 0.5, 0.6, 0.55, 0.62, 0.58, 0.61, 0.57, 0.6)]
     assert tuning_warnings(space, {"lr": 1.5e-4, "clip_eps": 0.2}, flat) == []
+    # a trend through the last 3 of 7 generations says nothing: too few to judge, named by its tuning
+    assert tuning_warnings(space, {"lr": 1.5e-4, "clip_eps": 0.2}, flat[:7], name="tune-2") == [
+        "tune-2: 7 generations are too few to judge whether the population mean still rises"]
     assert tuning_warnings(space, {"lr": 1.1e-4, "clip_eps": 0.39}, flat) == [
         "lr 0.00011 lies within 5% of its range's low end 0.0001; widen baseline.tune.lr",
         "clip_eps 0.39 lies within 5% of its range's high end 0.4; widen baseline.tune.clip_eps"]
