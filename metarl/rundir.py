@@ -310,8 +310,8 @@ class Checkpointer:
                 self.skipped.append((step, err.args[1]))
         if steps:
             first = f"{steps[0]}: {self.skipped[0][1]}"
-            raise CheckpointError(f"{self.dir}: no checkpoint readable ({len(steps)} tried; {first}); start afresh "
-                                  "with another run_dir=, or restore it from a copy")
+            raise CheckpointError(f"{self.dir}: none of {len(steps)} checkpoints readable ({first}); start afresh "
+                                  "with another run_dir= or restore a copy")
         return None, None, {}
 
     def skipped_note(self, generation: int) -> str:

@@ -109,7 +109,7 @@ def test_non_editable_install_from_a_research_project_with_plain_folders(tmp_pat
         assert script.exists(), sorted(p.name for p in (site / "bin").iterdir())
         if name != "evolve":  # evolve's --help composes every experiment's config: seconds more
             proc = _run([str(script), "--help"], tmp_path, site)
-            assert proc.returncode == 0 and proc.stdout.startswith(f"``python -m metarl.{name} run_dir=RUN_DIR"), proc
+            assert proc.returncode == 0 and proc.stdout.startswith(f"python -m metarl.{name} run_dir=RUN_DIR"), proc
     _check_project(_research_project(tmp_path / "project", package_init=False), pythonpath=site,
                    expect_prefix=site)
 

@@ -193,8 +193,8 @@ def test_no_readable_checkpoint_is_one_line_and_exit_2_with_nothing_deleted(tmp_
         proc = run_module(module, args, cwd=tmp_path)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and lines == [
-            f"error: {ckpt}: no checkpoint readable (3 tried; 6: truncated file); start afresh with another "
-            "run_dir=, or restore it from a copy"], proc.stderr
+            f"error: {ckpt}: none of 3 checkpoints readable (6: truncated file); start afresh with another "
+            "run_dir= or restore a copy"], proc.stderr
         assert len(lines[0]) < 200
         after = snapshot(run_dir)
         assert {path: after.get(path) for path in before} == before  # nothing deleted or changed
