@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 import jax
@@ -144,12 +145,12 @@ def _tuned_for(cfg: RunConfig, tuned: dict) -> bool:
 
 def tuned_elsewhere(cfg: RunConfig) -> dict:
     """``baseline.tuned_from``'s tuned.json (with ``from``); ``ConfigError`` unless it was tuned as this run would."""
-    where = RunDir(cfg.baseline.tuned_from).path.expanduser()
-    tuned = RunDir(where).tuned.read()
+    where = RunDir(Path(cfg.baseline.tuned_from).expanduser())
+    tuned = where.tuned.read()
     if tuned is None:
         raise ConfigError(f"baseline.tuned_from: {where} holds no tuned baseline; allowed: a run directory whose "
                           "tuning has finished")
-    theirs = RunDir(where).read_config("baseline.tuned_from")
+    theirs = where.read_config("baseline.tuned_from")
     fixed = lambda inner: {k: v for k, v in (inner or {}).items() if k not in cfg.baseline.tune}  # noqa: E731
     if not _tuned_for(cfg, tuned) or fixed(theirs.get("inner")) != fixed(cfg.inner):
         raise ConfigError(f"baseline.tuned_from: {where} was tuned over another space, on other tasks or with other "
@@ -161,7 +162,7 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     if tuned["trainings"] < needed:
         raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
                           f"search's {needed:,}; allowed: a tuning at least as large as the search")
-    return {**tuned, "search_trainings": needed, "from": str(where.resolve())}
+    return {**tuned, "search_trainings": needed, "from": str(where.path.resolve())}
 
 
 def tune(run: Run) -> Optional[dict]:
