@@ -92,10 +92,10 @@ class ConsoleSink(Sink):
 
 @dataclasses.dataclass
 class JsonlSink(Sink):
-    run_dir: Path
+    run_dir: RunDir
 
     def log(self, record: dict) -> None:
-        RunDir(self.run_dir).append_metrics(record)
+        self.run_dir.append_metrics(record)
 
 
 class WandbSink(Sink):
@@ -179,7 +179,7 @@ class Logger:
         self.run_dir, self.config, self.verbose = Path(run_dir), config, settings.verbose
         self.sinks: list[Sink] = []
         if write:  # built in turn: a tracker may send messages while it starts
-            self.sinks += [JsonlSink(self.run_dir), ConsoleSink(total_generations, task_names or [], settings.progress)]
+            self.sinks += [JsonlSink(RunDir(self.run_dir)), ConsoleSink(total_generations, task_names or [], settings.progress)]
             self.sinks += [sink(getattr(settings, name), self) for name, sink in TRACKERS.items()
                            if getattr(settings, name).mode != "disabled" and (sink.during_tuning or not tuning)]
 
