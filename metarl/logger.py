@@ -92,10 +92,10 @@ class ConsoleSink(Sink):
 
 @dataclasses.dataclass
 class JsonlSink(Sink):
-    run_dir: RunDir
+    run_dir: Path
 
     def log(self, record: dict) -> None:
-        self.run_dir.append_metrics(record)
+        RunDir(self.run_dir).append_metrics(record)
 
 
 class WandbSink(Sink):
@@ -142,7 +142,6 @@ class MlflowSink(Sink):
                              parent_id=os.environ.get(PARENT_RUN_ENV))
 
     tracking = property(lambda self: self.run.active)
-    check = staticmethod(lambda section: check_mlflow(section))
 
     def log(self, record: dict) -> None:
         self.run.log_generation(record["generation"], scalars(record))
@@ -157,6 +156,28 @@ class MlflowSink(Sink):
 
     def finish(self, summary: Optional[dict] = None, stopped: bool = False) -> None:
         self.run.finish("KILLED" if stopped else "FINISHED")
+
+    @staticmethod
+    def check(section: MlflowSection) -> None:
+        """``ConfigError``, before anything is written, if MLflow (or a local store's SQL packages) cannot be imported
+        or it refuses a ``file:`` store (MLflow 3 retired the file store)."""
+        if section.mode != "enabled":
+            return
+        uri = mlflow_store(section.tracking_uri)[0]
+        needed = ["mlflow"] + (["sqlalchemy", "alembic"] if uri.startswith("sqlite:") else [])
+        missing = [name for name in needed if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ConfigError(f"logger.mlflow.mode: enabled, but {', '.join(missing)} cannot be imported; allowed: "
+                              "disabled, or enabled after pip install \"metarl[mlflow]\"")
+        if uri.startswith("file:"):  # opening a file store writes nothing; MLflow 3 refuses it unless told otherwise
+            import mlflow
+
+            try:
+                mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            except Exception as err:
+                raise ConfigError(f"logger.mlflow.tracking_uri: {section.tracking_uri} is a store MLflow refuses "
+                                  f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); allowed: a folder (a "
+                                  "local store metarl keeps in it), sqlite:///PATH or http://HOST:PORT") from None
 
 
 TRACKERS = {"wandb": WandbSink, "mlflow": MlflowSink}   # by their section of the config's ``logger``
@@ -179,7 +200,7 @@ class Logger:
         self.run_dir, self.config, self.verbose = Path(run_dir), config, settings.verbose
         self.sinks: list[Sink] = []
         if write:  # built in turn: a tracker may send messages while it starts
-            self.sinks += [JsonlSink(RunDir(self.run_dir)), ConsoleSink(total_generations, task_names or [], settings.progress)]
+            self.sinks += [JsonlSink(self.run_dir), ConsoleSink(total_generations, task_names or [], settings.progress)]
             self.sinks += [sink(getattr(settings, name), self) for name, sink in TRACKERS.items()
                            if getattr(settings, name).mode != "disabled" and (sink.during_tuning or not tuning)]
 
@@ -192,7 +213,8 @@ class Logger:
         return self
 
     def __exit__(self, kind, err, traceback) -> None:  # the one place a run's trackers finish
-        self.finish(self.summary, stopped=err is not None)
+        if not isinstance(err, KeyboardInterrupt):  # a second stop signal: stop now, finishing nothing
+            self.finish(self.summary, stopped=err is not None)
 
 
 PARENT_RUN_ENV = "METARL_MLFLOW_PARENT_RUN_ID"   # set by a sweep: its jobs' runs are nested under this run
@@ -214,28 +236,6 @@ def check_trackers(settings: LoggerSection) -> None:
     """Each tracker's own checks of its section (``Sink.check``), before a run writes anything."""
     for name, sink in TRACKERS.items():
         sink.check(getattr(settings, name))
-
-
-def check_mlflow(section: MlflowSection) -> None:
-    """``ConfigError``, before anything is written, if MLflow (or a local store's SQL packages) cannot be imported
-    or it refuses a ``file:`` store (MLflow 3 retired the file store)."""
-    if section.mode != "enabled":
-        return
-    uri = mlflow_store(section.tracking_uri)[0]
-    needed = ["mlflow"] + (["sqlalchemy", "alembic"] if uri.startswith("sqlite:") else [])
-    missing = [name for name in needed if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ConfigError(f"logger.mlflow.mode: enabled, but {', '.join(missing)} cannot be imported; allowed: "
-                          "disabled, or enabled after pip install \"metarl[mlflow]\"")
-    if uri.startswith("file:"):  # opening a file store writes nothing; MLflow 3 refuses it unless told otherwise
-        import mlflow
-
-        try:
-            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-        except Exception as err:
-            raise ConfigError(f"logger.mlflow.tracking_uri: {section.tracking_uri} is a store MLflow refuses "
-                              f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); allowed: a folder (a "
-                              "local store metarl keeps in it), sqlite:///PATH or http://HOST:PORT") from None
 
 
 class MlflowRun:
