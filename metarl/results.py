@@ -2,6 +2,7 @@
 (``load_best(RUN_DIR).train(key)``: a fresh training with them; docs/resume.md)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from pathlib import Path
@@ -9,7 +10,6 @@ from typing import Any, Callable
 
 from metarl import rundir
 from metarl.config import RunConfig, from_dict, with_tuned
-from metarl.search import restore
 from metarl.tasks import build_task
 
 
@@ -29,10 +29,11 @@ def load_run(run_dir: str | Path, tasks: Callable[[RunConfig], list] | None = No
 def history(run_dir: str | Path) -> list[dict]:
     """Per-generation records: the run's metrics, or the newest good checkpoint's copy if that is longer (saying
     which it skipped); ``CheckpointError`` if none is good."""
-    saved = restore(rundir.RunDir(run_dir), None)
-    if saved.skipped:
-        print(f"note: {saved.skipped}", file=sys.stderr)
-    return max(rundir.RunDir(run_dir).metrics(), saved.history, key=len)  # the first of two as long
+    with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as ckpt:
+        step, _, meta = ckpt.newest()
+    if ckpt.skipped:
+        print(f"note: {ckpt.skipped_note(step)}", file=sys.stderr)
+    return max(rundir.RunDir(run_dir).metrics(), meta.get("history", []), key=len)  # the first of two as long
 
 
 @dataclasses.dataclass
