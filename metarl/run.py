@@ -79,17 +79,17 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
 
 def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -> int:
     """The remaining checks, the run directory's lock, then the run; its exit code."""
-    writes, where = jax.process_index() == 0, RunDir(run_dir)
+    where = RunDir(run_dir)
     # 1. Every check, reading only, the checkpoint a resume starts from included.
     try:
-        task = check(cfg, task=task)
+        task = check(cfg, task=task)  # sets up the devices: JAX starts here
         before = where.fingerprint()
         restore(where, None)
     except (ConfigError, ValueError, CheckpointError) as err:
         fail(str(err).splitlines()[0])
 
     # 2. The run directory, exclusively: a second run on it is refused here, having changed nothing.
-    lock, refused = None, None
+    lock, refused, writes = None, None, jax.process_index() == 0
     if writes:
         try:
             lock = rundir.acquire(run_dir) if named or resuming else rundir.acquire_new(run_dir)
