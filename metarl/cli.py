@@ -82,12 +82,12 @@ def stop_signals_to(handler):
 def check_existing(cfg, run_dir: Path) -> bool:
     """Whether ``run_dir`` holds an earlier run of this config (to continue); refuses any other started directory."""
     config_lib.check_run_dir(str(run_dir))
-    if not RunDir(run_dir).started():
+    if not (where := RunDir(run_dir)).started():
         return False
-    if not RunDir(run_dir).has_config():
+    if not where.has_config():
         fail(f"run_dir: {run_dir} exists and is not a metarl run directory; allowed: a new or empty "
              "directory, or one of an earlier run of this config")
-    _refuse_search_change(RunDir(run_dir).read_config("run_dir"), cfg, run_dir)
+    _refuse_search_change(where.read_config("run_dir"), cfg, run_dir)
     return True
 
 

@@ -51,6 +51,11 @@ def _duration(seconds: float) -> str:
 class Sink:
     """One tracker of a run; the ``Logger`` calls each method of each sink (what a sink lacks does nothing)."""
     tracking = False   # whether it takes the run's scalars (the figures are made only for one that does)
+    during_tuning = True   # whether it also runs for a tuning's searches (``baseline.tune``), or only for the run
+
+    @staticmethod
+    def check(section) -> None:
+        """``ConfigError``, before the run writes anything, if its section of ``logger`` cannot work."""
 
     def log(self, record: dict) -> None: pass
     def message(self, text: str) -> None: pass
@@ -95,7 +100,7 @@ class JsonlSink(Sink):
 
 class WandbSink(Sink):
     """Weights & Biases (``logger.wandb``: ``wandb.init``'s fields); an id from the run directory: resumes go on."""
-    tracking = True
+    tracking, during_tuning = True, False
 
     def __init__(self, section: WandbSection, logger: Logger):
         import wandb
@@ -129,6 +134,7 @@ class WandbSink(Sink):
 
 class MlflowSink(Sink):
     """MLflow (``logger.mlflow``): each generation's scalars it lacks (a resumed run's too), files at the end."""
+    during_tuning = False
 
     def __init__(self, section: MlflowSection, logger: Logger):
         self.run = MlflowRun(section, logger.config.get("experiment", ""), logger.run_dir, logger.run_dir.name,
@@ -151,6 +157,28 @@ class MlflowSink(Sink):
     def finish(self, summary: Optional[dict] = None, stopped: bool = False) -> None:
         self.run.finish("KILLED" if stopped else "FINISHED")
 
+    @staticmethod
+    def check(section: MlflowSection) -> None:
+        """``ConfigError``, before anything is written, if MLflow (or a local store's SQL packages) cannot be imported
+        or it refuses a ``file:`` store (MLflow 3 retired the file store)."""
+        if section.mode != "enabled":
+            return
+        uri = mlflow_store(section.tracking_uri)[0]
+        needed = ["mlflow"] + (["sqlalchemy", "alembic"] if uri.startswith("sqlite:") else [])
+        missing = [name for name in needed if importlib.util.find_spec(name) is None]
+        if missing:
+            raise ConfigError(f"logger.mlflow.mode: enabled, but {', '.join(missing)} cannot be imported; allowed: "
+                              "disabled, or enabled after pip install \"metarl[mlflow]\"")
+        if uri.startswith("file:"):  # opening a file store writes nothing; MLflow 3 refuses it unless told otherwise
+            import mlflow
+
+            try:
+                mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            except Exception as err:
+                raise ConfigError(f"logger.mlflow.tracking_uri: {section.tracking_uri} is a store MLflow refuses "
+                                  f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); allowed: a folder (a "
+                                  "local store metarl keeps in it), sqlite:///PATH or http://HOST:PORT") from None
+
 
 TRACKERS = {"wandb": WandbSink, "mlflow": MlflowSink}   # by their section of the config's ``logger``
 
@@ -164,20 +192,29 @@ def _each(method: str, reverse: bool = False) -> Callable:  # a Logger method: e
 
 class Logger:
     """A run's sinks: the console, ``metrics.jsonl`` and each of ``TRACKERS`` whose ``logger`` section's ``mode`` is
-    not disabled (none if not ``write``: all but the first process of a multi-host run); the end in reverse order."""
+    not disabled (and, for a ``tuning`` search, that runs during tuning); none if not ``write``: all but the first
+    process of a multi-host run. The end in reverse order, once, as the ``with`` block that holds it ends."""
 
     def __init__(self, run_dir: Path, config: dict, total_generations: int, settings: LoggerSection,
-                 write: bool = True, task_names: Optional[list] = None):
+                 write: bool = True, task_names: Optional[list] = None, tuning: bool = False):
         self.run_dir, self.config, self.verbose = Path(run_dir), config, settings.verbose
         self.sinks: list[Sink] = []
         if write:  # built in turn: a tracker may send messages while it starts
             self.sinks += [JsonlSink(self.run_dir), ConsoleSink(total_generations, task_names or [], settings.progress)]
             self.sinks += [sink(getattr(settings, name), self) for name, sink in TRACKERS.items()
-                           if getattr(settings, name).mode != "disabled"]
+                           if getattr(settings, name).mode != "disabled" and (sink.during_tuning or not tuning)]
 
     tracking = property(lambda self: any(sink.tracking for sink in self.sinks))  # wandb's, or MLflow's if reached
     log, message, catch_up = _each("log"), _each("message"), _each("catch_up")
     log_results, finish = _each("log_results", reverse=True), _each("finish", reverse=True)
+    summary: Optional[dict] = None   # what the run leaves, set in the block: the trackers' summary at the end
+
+    def __enter__(self) -> Logger:
+        return self
+
+    def __exit__(self, kind, err, traceback) -> None:  # the one place a run's trackers finish
+        if not isinstance(err, KeyboardInterrupt):  # a second stop signal: stop now, finishing nothing
+            self.finish(self.summary, stopped=err is not None)
 
 
 PARENT_RUN_ENV = "METARL_MLFLOW_PARENT_RUN_ID"   # set by a sweep: its jobs' runs are nested under this run
@@ -195,26 +232,10 @@ def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
     return f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts")
 
 
-def check_mlflow(section: MlflowSection) -> None:
-    """``ConfigError``, before anything is written, if MLflow (or a local store's SQL packages) cannot be imported
-    or it refuses a ``file:`` store (MLflow 3 retired the file store)."""
-    if section.mode != "enabled":
-        return
-    uri = mlflow_store(section.tracking_uri)[0]
-    needed = ["mlflow"] + (["sqlalchemy", "alembic"] if uri.startswith("sqlite:") else [])
-    missing = [name for name in needed if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ConfigError(f"logger.mlflow.mode: enabled, but {', '.join(missing)} cannot be imported; allowed: "
-                          "disabled, or enabled after pip install \"metarl[mlflow]\"")
-    if uri.startswith("file:"):  # opening a file store writes nothing; MLflow 3 refuses it unless told otherwise
-        import mlflow
-
-        try:
-            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-        except Exception as err:
-            raise ConfigError(f"logger.mlflow.tracking_uri: {section.tracking_uri} is a store MLflow refuses "
-                              f"({type(err).__name__}: {str(err).splitlines()[0][:120]}); allowed: a folder (a "
-                              "local store metarl keeps in it), sqlite:///PATH or http://HOST:PORT") from None
+def check_trackers(settings: LoggerSection) -> None:
+    """Each tracker's own checks of its section (``Sink.check``), before a run writes anything."""
+    for name, sink in TRACKERS.items():
+        sink.check(getattr(settings, name))
 
 
 class MlflowRun:

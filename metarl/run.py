@@ -1,4 +1,4 @@
-"""One run: the read-only checks (``check``), the run directory's lock (``execute``) and the stages (``run``)."""
+"""One run: the read-only checks (``check``), the run directory's lock (``execute``) and the stages (``run_stages``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,42 +12,34 @@ from metarl import config as config_lib, devices, errors, rundir, stages
 from metarl.cli import STOP_SIGNALS, check_existing, fail
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
-from metarl.logger import check_mlflow, say
+from metarl.logger import check_trackers, say
 from metarl.rundir import CheckpointError, RunDir
-from metarl.search import Interrupted, Searched, build_evolution, restore
+from metarl.search import Interrupted, Run, restore
 from metarl.tasks import Task, build_task, check_memory
 
 
-def run(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, restored: Searched | None = None,
-        mesh: Any = "auto") -> dict:
-    """The stages in order on ``run_dir``; the summary. ``task``, ``restored``: as checked (else built here)."""
-    run_dir = RunDir(Path(run_dir).resolve())
-    if restored is None:
-        task, evo = build_evolution(cfg, task, mesh)
-        restored, mesh = restore(cfg, run_dir, evo), evo.mesh
-    elif mesh == "auto":
-        mesh = devices.run_mesh(cfg)
-    shown = cfg.logger.progress and jax.process_index() == 0  # progress bars on a terminal
-    config = cfg.to_dict()  # as saved: what the trackers and each checkpoint record
-    tuned = stages.tune(cfg, run_dir, mesh, shown)                        # 1. tuned.json (its search in tune/)
+def run_stages(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, mesh: Any = "auto") -> dict:
+    """The stages in order on ``run_dir``; the summary. ``task``: as checked (else built here)."""
+    run = Run.start(cfg, run_dir, mesh)
+    tuned = stages.tune(run)                                # 1. tuned.json (its search in tune/)
     if tuned is not None:  # the learned part, the control and the reference on the tuned values
-        cfg = config_lib.with_tuned(cfg, tuned)
-        task = build_task(cfg)
-    searched, picked, logger = stages.search_and_pick(cfg, run_dir, task, restored, mesh, shown, config, tuned)
-    # 2. reference.json, 3. ckpt/, metrics.jsonl and the best so far, 4. validation.json and the pick
-    summary = {"validation_trainings": picked["trainings"] if picked else 0, **searched.summary()}
-    if jax.process_index() == 0 and logger.tracking:
-        from metarl import figures  # matplotlib: seconds that a run without a tracker does without
+        run = dataclasses.replace(run, cfg=config_lib.with_tuned(cfg, tuned))
+    task = build_task(run.cfg) if task is None or tuned is not None else task
+    with run.logger(task) as logger:
+        searched, picked, _ = stages.search_and_pick(run, task, logger, tuned)
+        # 2. reference.json, 3. ckpt/, metrics.jsonl and the best so far, 4. validation.json and the pick
+        logger.summary = {"validation_trainings": picked["trainings"] if picked else 0, **searched.summary()}
+        if run.writes and logger.tracking:
+            from metarl import figures  # matplotlib: seconds that a run without a tracker does without
 
-        try:  # the figures of `python -m metarl.inspect`; none if that fails, since the run itself has succeeded
-            written = figures.write_figures(run_dir.path, loaded=(cfg, task))
-        except Exception as err:
-            logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
-            written = []
-        best = run_dir.best_files
-        logger.log_results(written, best, run_dir.read_best()[1] if best else None)
-    logger.finish(summary)
-    return summary
+            try:  # the figures of `python -m metarl.inspect`; none if that fails, since the run itself has succeeded
+                written = figures.write_figures(run.run_dir.path, loaded=(run.cfg, task))
+            except Exception as err:
+                logger.message(f"note: no figures to log ({type(err).__name__}: {err})")
+                written = []
+            best = run.run_dir.best_files
+            logger.log_results(written, best, run.run_dir.read_best()[1] if best else None)
+    return logger.summary
 
 
 def closing_lines(run_dir: RunDir, generations: int) -> list[str]:
@@ -68,7 +60,7 @@ def closing_lines(run_dir: RunDir, generations: int) -> list[str]:
 
 def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
     """Every read-only check needing no run directory; the task. A run sets up its devices here, a sweep before."""
-    check_mlflow(cfg.logger.mlflow)
+    check_trackers(cfg.logger)
     if setup_devices:
         devices.setup(cfg.devices)
     with errors.layer_errors("es"):
@@ -87,17 +79,18 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
 
 def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -> int:
     """The remaining checks, the run directory's lock, then the run; its exit code."""
+    where = RunDir(run_dir)
     # 1. Every check, reading only, the checkpoint a resume starts from included.
     try:
-        task, evo = build_evolution(cfg, check(cfg, task=task))
-        before = RunDir(run_dir).fingerprint()
-        restored = restore(cfg, RunDir(run_dir), evo)
+        task = check(cfg, task=task)  # sets up the devices: JAX starts here
+        before = where.fingerprint()
+        restore(where, None)
     except (ConfigError, ValueError, CheckpointError) as err:
         fail(str(err).splitlines()[0])
 
     # 2. The run directory, exclusively: a second run on it is refused here, having changed nothing.
-    lock, refused = None, None
-    if jax.process_index() == 0:
+    lock, refused, writes = None, None, jax.process_index() == 0
+    if writes:
         try:
             lock = rundir.acquire(run_dir) if named or resuming else rundir.acquire_new(run_dir)
         except rundir.RunDirLocked as err:
@@ -108,34 +101,34 @@ def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -
             fail(refused or f"run_dir: {run_dir} is in use by another run (see process 0)")
         if lock is not None:
             if lock.run_dir != run_dir:  # a default name taken by a run started in the same second
-                run_dir = lock.run_dir
+                run_dir, where = lock.run_dir, RunDir(lock.run_dir)
                 cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-            elif RunDir(run_dir).fingerprint() != before:
+            elif where.fingerprint() != before:
                 # Another run wrote here between the checks and the lock (and has ended): check again.
                 try:
                     check_existing(cfg, run_dir)
-                    restored = restore(cfg, RunDir(run_dir), evo)
+                    restore(where, None)
                 except CheckpointError as err:
                     fail(str(err).splitlines()[0])
 
-        if jax.process_index() == 0:
-            RunDir(run_dir).write_config(cfg.to_dict())
+        if writes:
+            where.write_config(cfg.to_dict())
             say(f"run directory: {run_dir}")
             if ignored := " and ".join(s.name for s in STOP_SIGNALS[:2] if signal.getsignal(s) == signal.SIG_IGN):
                 say(f"note: {ignored} ignored (inherited, as by & in a script), so it cannot stop this run; "
                     f"{' or '.join(s.name for s in STOP_SIGNALS if signal.getsignal(s) != signal.SIG_IGN)} still "
                     "stops it after the generation in flight, with a checkpoint (set -m in the script keeps SIGINT)")
         try:
-            summary = run(cfg, run_dir, task, restored, evo.mesh)
+            summary = run_stages(cfg, run_dir, task)
         except Interrupted as stop:
-            if jax.process_index() == 0:  # every process stops after the same generation; one says so
+            if writes:  # every process stops after the same generation; one says so
                 say(f"stopped by {signal.Signals(stop.signum).name} after generation {stop.generation}; "
                     f"checkpoint saved. Continue with: python -m metarl.evolve resume={run_dir}", error=True)
             return 128 + stop.signum
         except CheckpointError as err:
             fail(str(err))
-        if jax.process_index() == 0:
-            say("\n".join(closing_lines(RunDir(run_dir), summary["generations"])))
+        if writes:
+            say("\n".join(closing_lines(where, summary["generations"])))
         return 0
     finally:
         if lock is not None:  # a sweep runs its next job in this process; a lone run is about to exit

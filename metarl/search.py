@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import signal
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -13,6 +14,7 @@ import numpy as np
 from metarl import compilation, devices, errors, rundir
 from metarl.cli import stop_signals_to
 from metarl.config import RunConfig
+from metarl.logger import Logger
 from metarl.progress import Watchdog, progress
 from metarl.rundir import RunDir
 from metarl.tasks import Task, build_task
@@ -45,6 +47,38 @@ class Interrupted(Exception):
         super().__init__(f"{signal.Signals(signum).name} at generation {generation}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One search's context, made once where it starts and handed down (``start``; a tuning's: ``of_tuning``)."""
+    cfg: RunConfig
+    run_dir: RunDir
+    mesh: Any
+    config: dict   # the config as saved: what the trackers and each checkpoint record
+    writes: bool   # whether this process writes the run's files (only process 0 of a multi-host run does)
+    shown: bool    # progress bars on a terminal
+    tuning: bool = False   # a search of the baseline's tuning (``baseline.tune``): trackers by ``Sink.during_tuning``
+
+    @classmethod
+    def start(cls, cfg: RunConfig, run_dir: str | Path, mesh: Any = "auto") -> "Run":
+        writes = jax.process_index() == 0
+        return cls(cfg, RunDir(Path(run_dir).resolve()), devices.run_mesh(cfg) if mesh == "auto" else mesh,
+                   cfg.to_dict(), writes, cfg.logger.progress and writes)
+
+    def of_tuning(self, tcfg: RunConfig) -> "Run":
+        """A tuning search's: its own config and directory, on this run's mesh and processes."""
+        return dataclasses.replace(self, cfg=tcfg, run_dir=RunDir(tcfg.run_dir), config=tcfg.to_dict(), tuning=True)
+
+    def logger(self, task: Task) -> Logger:
+        """The search's trackers, a context manager: closed once, as stopped if the search raised."""
+        return Logger(self.run_dir.path, self.config, self.cfg.es.generations, self.cfg.logger, write=self.writes,
+                      task_names=task.names, tuning=self.tuning)
+
+
+def trainings_per_generation(cfg: RunConfig) -> int:
+    """The members (and the control, ``fitness.control``, trained on the same seeds as one more) per seed."""
+    return (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds
+
+
 def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", reference: Optional[dict] = None):
     """``(task, evolution)``; ``reference``: the returns normalised fitness uses (None: raw)."""
     task = task or build_task(cfg)
@@ -60,15 +94,14 @@ def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", refere
     return task, evo
 
 
-def restore(cfg: RunConfig, run_dir: RunDir, evo: Evolution) -> Searched:
-    """The newest good checkpoint's state, or a new one, writing nothing but the errors' log (``CheckpointError``
-    if none reads); its shapes ignore tuned values and reference returns, so any evolution of the run's search
-    restores it."""
-    state = evo.init(jax.random.key(cfg.seed))
+def restore(run_dir: RunDir, fresh: Any) -> Searched:
+    """The newest good checkpoint's state, shaped as ``fresh`` (None: host arrays as saved, a read-only check), or
+    ``fresh`` itself; writes nothing but the errors' log (``CheckpointError`` if none reads). A state's shapes ignore
+    tuned values and reference returns, so the search's own evolution restores what any of the run wrote."""
     with contextlib.closing(rundir.Checkpointer(run_dir, write=False)) as reader:
-        step, restored, meta = reader.newest(state)
+        step, restored, meta = reader.newest(fresh)
     if step is None:
-        return Searched(state, [], 0)
+        return Searched(fresh, [], 0)
     start = int(meta["generation"])
     skipped = reader.skipped_note(start) if reader.skipped else ""
     return Searched(restored, list(meta["history"])[:start], start, skipped=skipped)
@@ -81,18 +114,18 @@ def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[flo
             "fitness": fitness, "seed": cfg.seed}
 
 
-def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored: Searched, logger,
-           shown: bool, config: dict) -> Searched:
+def search(run: Run, task: Task, evo: Evolution, logger: Logger) -> Searched:
     """Run (or continue) the generations; a stop signal ends it after the one in flight (``Interrupted``)."""
-    is_main = jax.process_index() == 0
+    cfg, run_dir, is_main = run.cfg, run.run_dir, run.writes
+    restored = restore(run_dir, evo.init(jax.random.key(cfg.seed)))
+    logger.catch_up(restored.history)
     history, start = list(restored.history), restored.start
     ckpt = rundir.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
     # A global, fully replicated state on the mesh: what the compiled generation takes and returns.
     state = devices.replicate(restored.state, evo.mesh)
     if is_main:
         run_dir.truncate_metrics(start)
-    # The control (fitness.control) trains on the same seeds as one more member.
-    frames_per_gen = (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds * task.frames_per_eval
+    frames_per_gen = trainings_per_generation(cfg) * task.frames_per_eval
     if start:
         logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
     if ckpt.removed_incomplete:
@@ -103,7 +136,7 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
         ckpt.close()
         return Searched(state, history, start, 0.0, float(state.best_fitness))
     t0 = time.perf_counter()
-    with progress("compiling the generation", enabled=shown):
+    with progress("compiling the generation", enabled=run.shown):
         step = compilation.compile_program(evo.step, state)  # one compilation per run, timed on its own
     compile_s = time.perf_counter() - t0
     devices.barrier("compiled")  # processes compile at different speeds; the first collective waits 30 s
@@ -125,7 +158,7 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
     with stop_signals_to(on_stop):
         for done in range(start + 1, cfg.es.generations + 1):
             t = time.perf_counter()
-            with progress(f"generation {done}/{cfg.es.generations}", enabled=shown), \
+            with progress(f"generation {done}/{cfg.es.generations}", enabled=run.shown), \
                     watchdog.watch(f"generation {done}"):
                 state, stats = step(state)
                 stats = jax.device_get(stats)
@@ -143,11 +176,10 @@ def search(cfg: RunConfig, run_dir: RunDir, task: Task, evo: Evolution, restored
             signum = devices.agree(received[0] if received else 0, f"stop/{done}")
             if done % cfg.checkpoint.every == 0 or done == cfg.es.generations or signum:
                 devices.assert_same_everywhere(state)
-                ckpt.save(done, state, history, config)
+                ckpt.save(done, state, history, run.config)
             if signum:
                 ckpt.close()
-                logger.finish(stopped=True)
-                raise Interrupted(signum, done)
+                raise Interrupted(signum, done)  # the logger finishes as stopped where it was opened
     ckpt.close()
     return Searched(state, history, start, compile_s, best_so_far)
 

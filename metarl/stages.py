@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
@@ -14,7 +15,7 @@ from metarl.errors import ConfigError
 from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import CheckpointError, RunDir
-from metarl.search import Searched, best_info, build_evolution, restore, search
+from metarl.search import Run, Searched, best_info, build_evolution, search, trainings_per_generation
 from metarl.stats import best_finite, bracket, t_bounds
 from metarl.tasks import Task, build_task, task_specs
 from metarl.inner_loops.envs import random_policy_return
@@ -28,41 +29,31 @@ _BASE_STREAM, _LOW_STREAM, _VALIDATION_STREAM, _TUNINGS_STREAM = 0x5EED_BA5E, 0x
 _TUNING_SEED_BITS = 0x7E57_5EED
 
 
-class Outcome(NamedTuple):
-    """What ``search_and_pick`` leaves: the search, its pick and the trackers, which the caller finishes."""
-    searched: Searched
-    picked: Optional[dict]   # validation.json's report (None without fitness.validation_top)
-    logger: Logger
-
-
-def search_and_pick(cfg: RunConfig, run_dir: RunDir, task: Task, restored: Searched, mesh: Any, shown: bool,
-                    config: dict, tuned: Optional[dict] = None) -> Outcome:
-    """The reference, the search scoring against it and the pick, in a run's (or its tuning's) directory."""
-    logger = Logger(run_dir.path, config, cfg.es.generations, cfg.logger, write=jax.process_index() == 0,
-                    task_names=task.names)
-    logger.catch_up(restored.history)
-    reference_returns = reference(cfg, task, run_dir, logger.message, shown, tuned and tuned["hyperparameters"])
-    _, evo = build_evolution(cfg, task, mesh, reference_returns)
-    searched = search(cfg, run_dir, task, evo, restored, logger, shown, config)
-    picked = (pick(cfg, task, evo, searched.state, run_dir, shown, logger.message)
-              if cfg.fitness.validation_top else None)
+def search_and_pick(run: Run, task: Task, logger: Logger,
+                    tuned: Optional[dict] = None) -> tuple[Searched, Optional[dict], Evolution]:
+    """The reference, the search scoring against it and the pick (validation.json's report, None without
+    ``fitness.validation_top``), in a run's (or its tuning's) directory; the search's evolution, built once here."""
+    reference_returns = reference(run, task, logger.message, tuned and tuned["hyperparameters"])
+    _, evo = build_evolution(run.cfg, task, run.mesh, reference_returns)
+    searched = search(run, task, evo, logger)
+    picked = pick(run, task, evo, searched.state, logger.message) if run.cfg.fitness.validation_top else None
     devices.barrier("finished")
-    return Outcome(searched, picked, logger)
+    return searched, picked, evo
 
 
-def reference(cfg, task, run_dir: RunDir, message: Callable[[str], None], shown: bool = False,
-              tuned: Optional[dict] = None) -> Optional[dict]:
+def reference(run: Run, task: Task, message: Callable[[str], None], tuned: Optional[dict] = None) -> Optional[dict]:
     """reference.json (None without ``normalize=baseline``), measured once so that a resumed run scores as before."""
+    cfg, run_dir = run.cfg, run.run_dir
     # fitness.normalize: null normalises with several tasks, not with one
     if (cfg.fitness.normalize or ("baseline" if len(task.specs) > 1 else "none")) != "baseline":
         return None
     stored = run_dir.reference.read()
     if stored is None or stored.get("tasks") != list(task.names) or stored.get("tuned") != tuned:
         t = time.perf_counter()
-        with progress("measuring the reference returns", total=2 * len(task.specs), enabled=shown) as bar:
+        with progress("measuring the reference returns", total=2 * len(task.specs), enabled=run.shown) as bar:
             stored = measure_reference(task, cfg.seed, cfg.fitness.reference_seeds, bar.update)
         stored["tuned"] = tuned
-        if jax.process_index() == 0:
+        if run.writes:
             run_dir.reference.write(stored)
         message(f"measured the reference returns in {time.perf_counter() - t:.1f} s")
     message(f"normalised fitness = (R - random) / ({'tuned ' if tuned else ''}baseline - random), with 95% intervals: "
@@ -106,8 +97,7 @@ def tuning_config(cfg: RunConfig, run_dir: RunDir, i: int = 0) -> RunConfig:
     b = cfg.baseline
     es = dataclasses.replace(cfg.es, generations=b.generations or cfg.es.generations, init_mean="init")
     es = config_lib.build(config_lib.ESSection, {**config_lib.to_dict(es), **b.es}, "baseline.es.")
-    logger = dataclasses.replace(cfg.logger, wandb=config_lib.WandbSection(), mlflow=config_lib.MlflowSection())
-    return dataclasses.replace(cfg, component={"kind": "hyperparams", "search": dict(b.tune)}, es=es, logger=logger,
+    return dataclasses.replace(cfg, component={"kind": "hyperparams", "search": dict(b.tune)}, es=es,
                                seed=cfg.seed ^ (_TUNING_SEED_BITS + i), run_dir=str(RunDir(run_dir).tuning(i)),
                                baseline=config_lib.BaselineSection())
 
@@ -120,7 +110,7 @@ def pick_trainings(cfg: RunConfig) -> int:
 
 def trainings(cfg: RunConfig) -> int:
     """The agents a search trains: members and control, per seed, per generation."""
-    return (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds * cfg.es.generations
+    return trainings_per_generation(cfg) * cfg.es.generations
 
 
 def check_tuning(cfg: RunConfig) -> None:
@@ -155,12 +145,12 @@ def _tuned_for(cfg: RunConfig, tuned: dict) -> bool:
 
 def tuned_elsewhere(cfg: RunConfig) -> dict:
     """``baseline.tuned_from``'s tuned.json (with ``from``); ``ConfigError`` unless it was tuned as this run would."""
-    where = RunDir(cfg.baseline.tuned_from).path.expanduser()
-    tuned = RunDir(where).tuned.read()
+    where = RunDir(Path(cfg.baseline.tuned_from).expanduser())
+    tuned = where.tuned.read()
     if tuned is None:
         raise ConfigError(f"baseline.tuned_from: {where} holds no tuned baseline; allowed: a run directory whose "
                           "tuning has finished")
-    theirs = RunDir(where).read_config("baseline.tuned_from")
+    theirs = where.read_config("baseline.tuned_from")
     fixed = lambda inner: {k: v for k, v in (inner or {}).items() if k not in cfg.baseline.tune}  # noqa: E731
     if not _tuned_for(cfg, tuned) or fixed(theirs.get("inner")) != fixed(cfg.inner):
         raise ConfigError(f"baseline.tuned_from: {where} was tuned over another space, on other tasks or with other "
@@ -172,11 +162,12 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     if tuned["trainings"] < needed:
         raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
                           f"search's {needed:,}; allowed: a tuning at least as large as the search")
-    return {**tuned, "search_trainings": needed, "from": str(where.resolve())}
+    return {**tuned, "search_trainings": needed, "from": str(where.path.resolve())}
 
 
-def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[dict]:
+def tune(run: Run) -> Optional[dict]:
     """tuned.json (None without ``baseline.tune``): the directory's, else ``baseline.tuned_from``'s, else tuned now."""
+    cfg, run_dir = run.cfg, run.run_dir
     if not cfg.baseline.tune:
         return None
     tuned = run_dir.tuned.read()
@@ -185,10 +176,9 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
             raise ConfigError(f"baseline.tune: {run_dir} holds a tuning over another space or other tasks; "
                               "allowed: the run's own tuning (or a new run_dir to tune again)")
         return tuned
-    is_main = jax.process_index() == 0
     if cfg.baseline.tuned_from:
         tuned = tuned_elsewhere(cfg)
-        if is_main:
+        if run.writes:
             run_dir.tuned.write(tuned)
         say(f"tuned baseline from {tuned['from']}: "
             + ", ".join(f"{k} {v:.4g}" for k, v in tuned["hyperparameters"].items()))
@@ -200,8 +190,8 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
         f"of {tcfg.es.popsize} settings x {tcfg.fitness.num_seeds} seeds ({trainings(tcfg):,} trainings each; the "
         f"search's own: {trainings(cfg):,}) in {', '.join(c.run_dir for c in tcfgs)}"
         + ("; the last for the evaluation's baseline alone (matched compute)" if cfg.baseline.matched else ""))
-    runs = [_tune_once(c, mesh, shown) for c in tcfgs]
-    chosen, spread, rescore = _choose(cfg, tcfg, runs, mesh, shown) if len(runs) > 1 else (0, {}, 0)
+    runs = [_tuning_search(run.of_tuning(c)) for c in tcfgs]
+    chosen, spread, rescore = _choose(cfg, tcfg, runs, run.shown) if len(runs) > 1 else (0, {}, 0)
     best = runs[chosen]
     tuned = {"hyperparameters": best["hyperparameters"], "configured": best["configured"],
              "search_space": dict(cfg.baseline.tune), "tasks": best["tasks"], "picked": best["picked"],
@@ -215,7 +205,7 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
     used = sorted({chosen, spread.get("matched", {}).get("chosen", chosen)})
     tuned["warnings"] = [w for i in used for w in tuning_warnings(cfg.baseline.tune, runs[i]["hyperparameters"],
                                                                   runs[i]["history"], name=runs[i]["run_dir"])]
-    if is_main:
+    if run.writes:
         run_dir.tuned.write(tuned)
     say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
                                        for k, v in tuned["hyperparameters"].items())
@@ -230,16 +220,16 @@ def tune(cfg: RunConfig, run_dir: RunDir, mesh: Any, shown: bool) -> Optional[di
     return tuned
 
 
-def _tune_once(tcfg: RunConfig, mesh: Any, shown: bool) -> dict:
+def _tuning_search(run: Run) -> dict:
     """One tuning search in its own directory (continued after a kill), with its reference and pick."""
-    tdir, t = RunDir(tcfg.run_dir), time.perf_counter()
-    if jax.process_index() == 0:
+    tcfg, tdir, t = run.cfg, run.run_dir, time.perf_counter()
+    if run.writes:
         tdir.path.mkdir(exist_ok=True)
-    task, evo = build_evolution(tcfg, mesh=mesh)
-    restored = restore(tcfg, tdir, evo)
-    earlier = sum(r.get("seconds", 0.0) for r in restored.history)  # generations a killed session ran
-    searched, picked, logger = search_and_pick(tcfg, tdir, task, restored, mesh, shown, tcfg.to_dict())
-    logger.finish(searched.summary())
+    task = build_task(tcfg)
+    with run.logger(task) as logger:
+        searched, picked, evo = search_and_pick(run, task, logger)
+        logger.summary = searched.summary()
+    earlier = sum(r.get("seconds", 0.0) for r in searched.history[:searched.start])  # generations a killed session ran
     meta, info = tdir.read_best(task.template)
     return {"hyperparameters": task.kind.values(task.component, meta), "run_dir": tdir.path.name, "seed": tcfg.seed,
             "configured": {name: float(getattr(task.inner_config, name)) for name in task.component.names},
@@ -247,13 +237,13 @@ def _tune_once(tcfg: RunConfig, mesh: Any, shown: bool) -> dict:
             "fitness": info.get("validation_fitness", info.get("fitness")),
             "fitness_ci95": info.get("validation_ci95"), "fitness_ci95_best_of": info.get("validation_ci95_best_of"),
             "trainings": trainings(tcfg) + (picked["trainings"] if picked else 0),
-            "seconds": time.perf_counter() - t + earlier, "history": searched.history, "meta": meta}
+            "seconds": time.perf_counter() - t + earlier, "history": searched.history, "meta": meta, "evo": evo}
 
 
-def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, mesh: Any, shown: bool) -> tuple[int, dict, int]:
-    """``(chosen, spread, rescore)``: the best of the first ``baseline.tunings`` points, rescored on fresh seeds."""
-    n, seeds = cfg.baseline.tunings, tcfg.fitness.validation_seeds
-    _, evo = build_evolution(tcfg, mesh=mesh, reference=RunDir(tcfg.run_dir).reference.read())
+def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, shown: bool) -> tuple[int, dict, int]:
+    """``(chosen, spread, rescore)``: the best of the first ``baseline.tunings`` points, rescored on fresh seeds by
+    the first tuning's evolution (the searches differ only in their seeds and directories)."""
+    n, seeds, evo = cfg.baseline.tunings, tcfg.fitness.validation_seeds, runs[0]["evo"]
     candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *[r["meta"] for r in runs])
     fitness, per_seed = _rescore(evo, candidates, _stream_keys(tcfg.seed, _TUNINGS_STREAM, seeds),
                                  f"{len(runs)} tuned points", shown)
@@ -264,7 +254,7 @@ def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, mesh: Any, shown: bool)
               "fresh seeds", "spread": {key: [min(values), max(values)] for key, values in (
                   ("fresh_fitness", [r["fresh_fitness"] for r in runs]),
                   *((name, [r["hyperparameters"][name] for r in runs]) for name in cfg.baseline.tune))},
-              "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history")} for r in runs]}
+              "tunings": [{k: v for k, v in r.items() if k not in ("meta", "history", "evo")} for r in runs]}
     if cfg.baseline.matched:   # the evaluation's baseline: tuned with the search's trainings on top
         spread["matched"] = {"chosen": best_finite(fitness), "hyperparameters": runs[best_finite(fitness)][
             "hyperparameters"], "trainings": sum(r["trainings"] for r in runs) + rescore * len(runs)}
@@ -306,9 +296,9 @@ def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05
     return found
 
 
-def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, shown: bool,
-         message: Callable[[str], None]) -> dict:
+def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], None]) -> dict:
     """Score the best members and the mean again on unused seeds (noise flattered the best most); export the best."""
+    cfg, run_dir = run.cfg, run.run_dir
     report = _picked_earlier(run_dir, int(state.generation), cfg.fitness.validation_seeds)
     if report is not None:
         _say_pick(report, message, "picked earlier")
@@ -318,7 +308,7 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
     candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
     keys = _stream_keys(cfg.seed, _VALIDATION_STREAM, cfg.fitness.validation_seeds)
-    fitness, per_seed = _rescore(evo, candidates, keys, f"{len(found) + 1} candidates", shown)
+    fitness, per_seed = _rescore(evo, candidates, keys, f"{len(found) + 1} candidates", run.shown)
     labels = [f"top {i + 1}" for i in found] + ["search mean"]
     search_fitness = [float(top_fitness[i]) for i in found] + [None]
     generation = [int(top_generation[i]) for i in found] + [int(state.generation)]
@@ -330,7 +320,7 @@ def pick(cfg: RunConfig, task: Task, evo: Evolution, state, run_dir: RunDir, sho
     best = best_finite(fitness)
     report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
               "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
-    if jax.process_index() == 0:
+    if run.writes:
         run_dir.write_best(jax.tree.map(lambda x: x[best], candidates), {
             **best_info(cfg, task, generation[best], search_fitness[best]), "picked": labels[best],
             **{key: rows[best][key] for key in ("validation_fitness", "validation_ci95", "validation_ci95_best_of")}})

@@ -197,14 +197,13 @@ class Evolution:
         if mesh is not None and config.popsize % mesh.size:
             raise ValueError(f"popsize: {config.popsize} does not divide over {mesh.size} devices; "
                              f"allowed: a multiple of {mesh.size}")
-        self.trace_count = 0  # generations traced; stays 1 however many run
         # With a mesh the state stays one fully replicated global array (every process holds the same
         # copy, also in a multi-process run): only the members' evaluation is split over the devices.
         replicated = None
         if mesh is not None and mesh.size > 1:
             replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         self._replicated = replicated
-        self.step = jax.jit(self._step, donate_argnums=(), out_shardings=replicated)
+        self.step = jax.jit(self._step, out_shardings=replicated)
         self.init = jax.jit(self._init)
 
     # -- evaluation ------------------------------------------------------------------------------
@@ -262,7 +261,6 @@ class Evolution:
                 (raw, scores.reshape(raw.shape)))
 
     def _step(self, state: EvoState):
-        self.trace_count += 1
         key, k_ask, seed_keys, k_tell = self.generation_keys(state.key)
         population, es_state = self.es.ask(k_ask, state.es_state, self.es_params)
         population = self._replicate(population)

@@ -89,7 +89,7 @@ def test_a_kind_added_by_one_registration_runs_end_to_end(step_scale_kind, tmp_p
     cfg = config_lib.from_dict({**RUN, "run_dir": str(tmp_path / "run")})
     run_dir = tmp_path / "run"
     RunDir(run_dir).write_config(cfg.to_dict())
-    summary = run.run(cfg, run_dir, mesh=None)
+    summary = run.run_stages(cfg, run_dir, mesh=None)
     assert summary["generations"] == 2
 
     paths = figures.write_figures(run_dir)
