@@ -159,13 +159,20 @@ def flip(step: Path):  # four bytes inverted in the largest data file: corruptio
     path.write_bytes(bytes(data))
 
 
+def damaged_copy(tmp_path: Path, run: Path, *flipped: str) -> Path:
+    """A copy of ``run`` whose ckpt/6 is truncated and whose ``flipped`` checkpoints carry flipped bytes."""
+    shutil.copytree(run, tmp_path / "run")
+    ckpt = tmp_path / "run" / "ckpt"
+    truncate(ckpt / "6")
+    for step in flipped:
+        flip(ckpt / step)
+    return tmp_path / "run"
+
+
 @pytest.mark.timeout(600)
 def test_damaged_checkpoints_are_skipped_kept_aside_and_the_rerun_is_bit_identical(tmp_path, straight_wide):
-    run_dir = tmp_path / "run"
-    shutil.copytree(straight_wide, run_dir)
+    run_dir = damaged_copy(tmp_path, straight_wide, "5")
     ckpt = run_dir / "ckpt"
-    truncate(ckpt / "6")
-    flip(ckpt / "5")
     damaged = {step: snapshot(ckpt / step) for step in ("5", "6")}
     skipped = (f"skipped damaged checkpoint(s) {ckpt / '6'} (truncated file), {ckpt / '5'} (digest mismatch); "
                "from generation 4")
@@ -181,12 +188,8 @@ def test_damaged_checkpoints_are_skipped_kept_aside_and_the_rerun_is_bit_identic
 
 @pytest.mark.timeout(600)
 def test_no_readable_checkpoint_is_one_line_and_exit_2_with_nothing_deleted(tmp_path, straight_wide):
-    run_dir = tmp_path / "run"
-    shutil.copytree(straight_wide, run_dir)
+    run_dir = damaged_copy(tmp_path, straight_wide, "5", "4")
     ckpt = run_dir / "ckpt"
-    truncate(ckpt / "6")
-    flip(ckpt / "5")
-    flip(ckpt / "4")
     before = snapshot(run_dir)
     for module, args in (("metarl.evolve", [f"resume={run_dir}", "es.generations=8"]),
                          ("metarl.inspect", [f"run_dir={run_dir}"])):
