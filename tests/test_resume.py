@@ -24,12 +24,17 @@ def assert_same_run(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-@pytest.fixture(scope="module")
-def straight_six(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("straight") / "run"
-    evolve(["experiment=value_loss", *TINY, "es.generations=6", f"run_dir={run_dir}"], cwd=run_dir.parent,
+def straight(tmp_path_factory, name: str, settings: list[str]) -> Path:
+    """A six-generation run, straight through, to compare resumed ones with."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    evolve(["experiment=value_loss", *settings, "es.generations=6", f"run_dir={run_dir}"], cwd=run_dir.parent,
            check=True)
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def straight_six(tmp_path_factory):
+    return straight(tmp_path_factory, "straight", TINY)
 
 
 @pytest.mark.timeout(600)
@@ -137,10 +142,7 @@ WIDE = [a for a in TINY if not a.startswith("component.")] + ["component.hidden=
 
 @pytest.fixture(scope="module")
 def straight_wide(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("wide") / "run"
-    evolve(["experiment=value_loss", *WIDE, "es.generations=6", f"run_dir={run_dir}"], cwd=run_dir.parent,
-           check=True)
-    return run_dir
+    return straight(tmp_path_factory, "wide", WIDE)
 
 
 def data_files(step: Path) -> list[Path]:
