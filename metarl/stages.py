@@ -59,8 +59,8 @@ def reference(run: Run, task: Task, message: Callable[[str], None], tuned: Optio
     message(f"normalised fitness = (R - random) / ({'tuned ' if tuned else ''}baseline - random), with 95% intervals: "
             + describe(stored))
     if bad := degenerate(stored):
-        message(f"warning: the baseline does not beat random play on {', '.join(bad)} at this budget, so its "
-                "normalised score has no scale there (the gap's size is used)")
+        message(f"warning: the baseline does not clear random play beyond noise on {', '.join(bad)} at this "
+                "budget, so its normalised score has no scale there (the gap's size is used)")
     return stored
 
 
