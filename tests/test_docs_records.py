@@ -1,7 +1,8 @@
 """The docs quote their records: a figure in README.md, docs/studies/*.md or docs/runs/*/README.md followed by
 ``<!-- record: PATH KEY -->`` (PATH from the repository's root, KEY a /-separated path into its JSON, ``len`` for
-a list's length) is the record's value rounded as printed (an interval ``[low, high]`` both bounds; a percentage
-the value x 100), and a table rendered by a command is what that command renders from its record today."""
+a list's length; a JSON-lines record is the list of its lines) is the record's value rounded as printed (an
+interval ``[low, high]`` both bounds; a percentage the value x 100), and a table or record rendered by a command is
+what that command renders today. In the docs listed in QUOTING every decimal quotes its record this way."""
 import importlib.util
 import json
 import re
@@ -12,12 +13,27 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "studies").glob("*.md")),
         *sorted((ROOT / "docs" / "runs").glob("*/README.md"))]
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- record: (\S+) (\S+) -->")
+# the docs every decimal of which quotes its record (or is code, a version, or a table a command renders)
+QUOTING = [ROOT / "README.md", *(ROOT / "docs" / "runs" / name / "README.md" for name in (
+    "adaptive_schedule_h100", "adaptive_schedule_narrow_h100", "high_lr_schedule", "tuned_drift_h100",
+    "tuned_schedule_h100", "tuned_value_loss_h100", "value_loss"))]
+RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
+            ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
+DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?![\w.])")
+QUOTED = re.compile(rf"\]?%?\s*<!-- record: |, {NUMBER}\]\s*<!-- record: ")
+NOT_FIGURES = re.compile(r"```.*?```|`[^`\n]*`|(?:Python|jax) \d+\.\d+", re.S)
 
 
 def value(record, key: str):
     for part in key.split("/"):
         record = len(record) if part == "len" else record[int(part)] if isinstance(record, list) else record[part]
     return record
+
+
+def read(path: Path):
+    """A JSON record, or a JSON-lines one as the list of its lines."""
+    text = path.read_text()
+    return [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else json.loads(text)
 
 
 def agrees(shown: str, actual: float, percent: str) -> bool:
@@ -40,7 +56,7 @@ def test_every_marked_figure_is_its_records():
         # a marker with no figure right before it checks nothing: refused
         assert len(figures) == text.count("<!-- record: "), f"{doc}: a marker not right after a figure"
         for quoted, shown, percent, path, key in figures:
-            actual = value(json.loads((ROOT / path).read_text()), key)
+            actual = value(read(ROOT / path), key)
             actual = actual if isinstance(actual, list) else [actual]
             found += 1
             if len(shown) != len(actual) or not all(agrees(s, a, percent) for s, a in zip(shown, actual)):
@@ -58,6 +74,31 @@ def test_a_figure_that_differs_from_its_record_is_caught():
     assert agrees("1.06e8", 105512960, "") and not agrees("1.06e8", 1.07e8, "") and agrees("1,320", 1320, "")
 
 
+def unquoted(text: str, rendered=()) -> list[str]:
+    """The decimals in a doc's text that no marker follows, outside code, versions and rendered tables' rows."""
+    rows = {line for table in rendered for line in table.splitlines() if line.startswith("|")}
+    lines, previous = [], ""
+    for line in text.splitlines():   # an indented block after a blank line is code; a table row a command wrote
+        code = line.startswith(("    ", "\t")) and not previous.strip()
+        lines.append("" if code or line in rows else line)
+        previous = lines[-1] if code else line
+    text = "\n".join(lines)
+    text = NOT_FIGURES.sub(lambda m: re.sub(r"\S", " ", m.group(0)), text)
+    return [m.group(0) for m in DECIMAL.finditer(text) if not QUOTED.match(text, m.end())]
+
+
+def test_every_figure_in_a_quoting_doc_names_its_record():
+    rendered = [path.read_text() for path in RENDERED]
+    missing = [f"{doc.relative_to(ROOT)}: {unquoted(doc.read_text(), rendered)}" for doc in QUOTING]
+    assert not [line for line in missing if not line.endswith("[]")], "\n".join(missing)
+
+
+def test_a_figure_without_a_marker_is_caught():
+    text = ("IQM 1.88<!-- record: a b --> and 1.40 [0.99, 1.03]<!-- record: a c --> on Python 3.13, `lr=0.25`,\n"
+            "```\n0.5 s\n```\n| x | 2.5 |\n| y | 7.5 |\n\n    python run.py lr=0.1\n      seed=0.5\nmean 0.6")
+    assert unquoted(text, ["| y | 7.5 |"]) == ["1.40", "2.5", "0.6"]
+
+
 def load(path: Path):
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
@@ -73,6 +114,14 @@ def test_rendered_tables_are_their_records():
     runs = ROOT / "docs" / "runs" / "high_lr_schedule"
     sweep = load(ROOT / "examples" / "lr_sweep.py").table(json.loads((runs / "lr_sweep.json").read_text()))
     assert (runs / "lr_sweep.md").read_text() == sweep + "\n"
+
+
+def test_log_times_are_their_logs():
+    log_times = load(ROOT / "examples" / "log_times.py")
+    records = sorted((ROOT / "docs" / "runs").glob("*/times.json"))
+    assert records
+    for record in records:
+        assert json.loads(record.read_text()) == log_times.times(record.parent), record
 
 
 def test_a_stored_evaluation_holds_todays_statistics(tmp_path):
