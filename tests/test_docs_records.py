@@ -12,11 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "studies").glob("*.md")),
         *sorted((ROOT / "docs" / "runs").glob("*/README.md"))]
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
-MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- record: (\S+) (\S+) -->")
+MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- record: (\S+) (.+?) -->")
 # the docs every decimal of which quotes its record (or is code, a version, or a table a command renders)
-QUOTING = [ROOT / "README.md", *(ROOT / "docs" / "runs" / name / "README.md" for name in (
-    "adaptive_schedule_cpu", "adaptive_schedule_cpu_retuned", "adaptive_schedule_h100", "adaptive_schedule_narrow_h100", "high_lr_schedule", "tuned_drift_h100",
-    "tuned_schedule_h100", "tuned_value_loss_h100", "value_loss"))]
+QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.md"))]
 RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
             ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
 DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?![\w.])")
