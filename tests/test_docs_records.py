@@ -14,7 +14,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "studies").glob("*.md")),
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- record: (\S+) (.+?) -->")
 # the docs every decimal of which quotes its record (or is code, a version, or a table a command renders)
-QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.md"))]
+QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.md")),
+           *(ROOT / "docs" / "studies" / f"{name}.md" for name in ("signal",))]
 RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
             ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
 DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?![\w.])")
@@ -85,6 +86,7 @@ def unquoted(text: str, rendered=()) -> list[str]:
         previous = lines[-1] if code else line
     text = "\n".join(lines)
     text = NOT_FIGURES.sub(lambda m: re.sub(r"\S", " ", m.group(0)), text)
+    text = re.sub(r"(<!-- record: )(.*?)(-->)", lambda m: m.group(1) + " " * len(m.group(2)) + m.group(3), text)
     return [m.group(0) for m in DECIMAL.finditer(text) if not QUOTED.match(text, m.end())]
 
 
@@ -96,8 +98,9 @@ def test_every_figure_in_a_quoting_doc_names_its_record():
 
 def test_a_figure_without_a_marker_is_caught():
     text = ("IQM 1.88<!-- record: a b --> and 1.40 [0.99, 1.03]<!-- record: a c --> on Python 3.13, `lr=0.25`,\n"
-            "```\n0.5 s\n```\n| x | 2.5 |\n| y | 7.5 |\n\n    python run.py lr=0.1\n      seed=0.5\nmean 0.6")
-    assert unquoted(text, ["| y | 7.5 |"]) == ["1.40", "2.5", "0.6"]
+            "```\n0.5 s\n```\n| x | 2.5 |\n| y | 7.5 |\n\n    python run.py lr=0.1\n      seed=0.5\nmean 0.6"
+            "<!-- record: a final 0.2/mean --> 0.7")
+    assert unquoted(text, ["| y | 7.5 |"]) == ["1.40", "2.5", "0.7"]
 
 
 def load(path: Path):
@@ -123,6 +126,11 @@ def test_log_times_are_their_logs():
     assert records
     for record in records:
         assert json.loads(record.read_text()) == log_times.times(record.parent), record
+
+
+def test_the_signal_study_is_its_runs_records():
+    signal = load(ROOT / "examples" / "signal_record.py")
+    assert json.loads(signal.RECORD.read_text()) == json.loads(json.dumps(signal.record()))
 
 
 def test_a_stored_evaluation_holds_todays_statistics(tmp_path):
