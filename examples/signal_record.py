@@ -1,11 +1,12 @@
-"""The figures docs/studies/signal.md quotes, computed from the runs' records into docs/studies/signal/signal.json:
+"""The signal figures the studies quote, computed from the runs' records into docs/studies/signal/signal.json:
 
     python examples/signal_record.py
 
 - ``searches``: per shipped search, from its metrics.jsonl, ``signal`` per generation (re-estimated where the
   run recorded a seed noise that also counted the paired control's: that noise halved, as metarl estimates it
-  now), with its median (of all generations and of each half), extremes and the generations with none, and above
-  each bar of ``above``; ``update_signal``'s median (all, each half), first and last;
+  now), with its median (of all generations and of each half), extremes and the generations with none, and
+  above each bar of ``above`` (``recorded``: the same of the signal as the run recorded it); ``update_signal``'s
+  median (all, each half), first and last;
 - ``shared_luck``: the correlation of the learned and the tuned side's final returns on the shared seeds of
   four paired evaluations, per task pair: count, mean, extremes, and sqrt(2 (1 - mean)), the spread of a
   margin over the control per seed relative to a member's.
@@ -39,13 +40,15 @@ def search(run: str, halve: bool) -> dict:
     signal = np.maximum(0.0, between - noise) / between
     update = np.array([r["update_signal"] for r in rows])
     half = len(rows) // 2
+    recorded = np.array([r["signal"] for r in rows])
     return {"generations": len(rows), "signal": signal.tolist(), "median": float(np.median(signal)),
             "median_first_half": float(np.median(signal[:half])), "median_second_half": float(np.median(signal[half:])),
             "min": float(signal.min()), "max": float(signal.max()), "none": int(np.sum(signal == 0)),
             "above": [int(np.sum(signal > bar)) for bar in ABOVE],
             "update_median": float(np.median(update)), "update_median_first_half": float(np.median(update[:half])),
             "update_median_second_half": float(np.median(update[half:])), "update_first": float(update[0]),
-            "update_last": float(update[-1])}
+            "update_last": float(update[-1]), "recorded": {"none": int(np.sum(recorded == 0)), "median": float(
+                np.median(recorded)), "above": [int(np.sum(recorded > bar)) for bar in ABOVE]}}
 
 
 def shared_luck() -> dict:

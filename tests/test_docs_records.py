@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "studies").glob("*.md")),
         *sorted((ROOT / "docs" / "runs").glob("*/README.md"))]
@@ -15,7 +17,7 @@ NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- record: (\S+) (.+?) -->")
 # the docs every decimal of which quotes its record (or is code, a version, or a table a command renders)
 QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.md")),
-           *(ROOT / "docs" / "studies" / f"{name}.md" for name in ("signal",))]
+           *(ROOT / "docs" / "studies" / f"{name}.md" for name in ("signal", "tuned_ppo"))]
 RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
             ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
 DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?![\w.])")
@@ -33,8 +35,10 @@ def value(record, key: str):
 
 
 def read(path: Path):
-    """A JSON record, or a JSON-lines one as the list of its lines."""
+    """A JSON record, a JSON-lines one as the list of its lines, or a YAML config (a setting the docs quote)."""
     text = path.read_text()
+    if path.suffix == ".yaml":
+        return yaml.safe_load(text)
     return [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else json.loads(text)
 
 
