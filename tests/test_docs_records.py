@@ -17,12 +17,15 @@ NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- record: (\S+) (.+?) -->")
 # the docs every decimal of which quotes its record (or is code, a version, or a table a command renders)
 QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.md")),
-           *(ROOT / "docs" / "studies" / f"{name}.md" for name in ("signal", "tuned_ppo"))]
+           *(ROOT / "docs" / "studies" / f"{name}.md" for name in ("reproductions", "signal", "tuned_ppo"))]
 RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
             ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
 DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?![\w.])")
 QUOTED = re.compile(rf"\]?%?\s*<!-- record: |, {NUMBER}\]\s*<!-- record: ")
-NOT_FIGURES = re.compile(r"```.*?```|`[^`\n]*`|(?:Python|jax) \d+\.\d+", re.S)
+# code, versions, and blocks `benchmarks.reproduce page` renders (tests/test_reproduce.py checks them)
+NOT_FIGURES = re.compile(r"```.*?```|`[^`\n]*`|(?:Python|jax|gymnax) \d+\.\d+|<!-- table: .*?<!-- end -->", re.S)
+# figures another test checks against their records: the reproductions' summary (tests/test_reproduce.py)
+CHECKED = {ROOT / "docs" / "studies" / "reproductions.md": re.compile(r"ratio [\d.]+ \[[\d.]+, [\d.]+\]")}
 
 
 def value(record, key: str):
@@ -80,8 +83,9 @@ def test_a_figure_that_differs_from_its_record_is_caught():
     assert agrees("1.06e8", 105512960, "") and not agrees("1.06e8", 1.07e8, "") and agrees("1,320", 1320, "")
 
 
-def unquoted(text: str, rendered=()) -> list[str]:
-    """The decimals in a doc's text that no marker follows, outside code, versions and rendered tables' rows."""
+def unquoted(text: str, rendered=(), checked=None) -> list[str]:
+    """The decimals in a doc's text that no marker follows, outside code, versions, rendered tables' rows and
+    what ``checked`` matches."""
     rows = {line for table in rendered for line in table.splitlines() if line.startswith("|")}
     lines, previous = [], ""
     for line in text.splitlines():   # an indented block after a blank line is code; a table row a command wrote
@@ -89,14 +93,15 @@ def unquoted(text: str, rendered=()) -> list[str]:
         lines.append("" if code or line in rows else line)
         previous = lines[-1] if code else line
     text = "\n".join(lines)
-    text = NOT_FIGURES.sub(lambda m: re.sub(r"\S", " ", m.group(0)), text)
+    for pattern in (NOT_FIGURES, checked) if checked else (NOT_FIGURES,):
+        text = pattern.sub(lambda m: re.sub(r"\S", " ", m.group(0)), text)
     text = re.sub(r"(<!-- record: )(.*?)(-->)", lambda m: m.group(1) + " " * len(m.group(2)) + m.group(3), text)
     return [m.group(0) for m in DECIMAL.finditer(text) if not QUOTED.match(text, m.end())]
 
 
 def test_every_figure_in_a_quoting_doc_names_its_record():
     rendered = [path.read_text() for path in RENDERED]
-    missing = [f"{doc.relative_to(ROOT)}: {unquoted(doc.read_text(), rendered)}" for doc in QUOTING]
+    missing = [f"{doc.relative_to(ROOT)}: {unquoted(doc.read_text(), rendered, CHECKED.get(doc))}" for doc in QUOTING]
     assert not [line for line in missing if not line.endswith("[]")], "\n".join(missing)
 
 
@@ -105,6 +110,8 @@ def test_a_figure_without_a_marker_is_caught():
             "```\n0.5 s\n```\n| x | 2.5 |\n| y | 7.5 |\n\n    python run.py lr=0.1\n      seed=0.5\nmean 0.6"
             "<!-- record: a final 0.2/mean --> 0.7")
     assert unquoted(text, ["| y | 7.5 |"]) == ["1.40", "2.5", "0.7"]
+    text = "<!-- table: r.json -->\n| a | 1.5 |\n<!-- end -->\nratio 1.02 [0.99, 1.05], mean 2.5"
+    assert unquoted(text, checked=re.compile(r"ratio [\d.]+ \[[\d.]+, [\d.]+\]")) == ["2.5"]
 
 
 def load(path: Path):
