@@ -17,7 +17,8 @@ NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- record: (\S+) (.+?) -->")
 # the docs every decimal of which quotes its record (or is code, a version, or a table a command renders)
 QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.md")),
-           *(ROOT / "docs" / "studies" / f"{name}.md" for name in ("headroom", "reproductions", "signal", "tuned_ppo"))]
+           *(ROOT / "docs" / "studies" / f"{name}.md" for name in (
+               "headroom", "reproductions", "search_spaces", "signal", "tuned_ppo"))]
 RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
             ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
 DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?![\w.])")
@@ -137,6 +138,12 @@ def test_log_times_are_their_logs():
     assert records
     for record in records:
         assert json.loads(record.read_text()) == log_times.times(record.parent), record
+
+
+def test_a_learned_schedule_record_is_its_run():
+    schedule = load(ROOT / "examples" / "schedule_record.py")
+    run = ROOT / "docs" / "runs" / "high_lr_schedule"
+    assert json.loads((run / "schedule.json").read_text()) == json.loads(json.dumps(schedule.schedule(run)))
 
 
 def test_the_signal_study_is_its_runs_records():
