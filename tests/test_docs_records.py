@@ -21,7 +21,7 @@ QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.m
                "headroom", "reproductions", "search_spaces", "signal", "tuned_ppo"))]
 RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
             ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
-DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?![\w.])")
+DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?=x\b|[^\w.]|$)", re.M)
 QUOTED = re.compile(rf"\]?%?\s*<!-- record: |, {NUMBER}\]\s*<!-- record: ")
 # code, versions, and blocks `benchmarks.reproduce page` renders (tests/test_reproduce.py checks them)
 NOT_FIGURES = re.compile(r"```.*?```|`[^`\n]*`|(?:Python|jax|gymnax) \d+\.\d+|<!-- table: .*?<!-- end -->", re.S)
@@ -109,8 +109,8 @@ def test_every_figure_in_a_quoting_doc_names_its_record():
 def test_a_figure_without_a_marker_is_caught():
     text = ("IQM 1.88<!-- record: a b --> and 1.40 [0.99, 1.03]<!-- record: a c --> on Python 3.13, `lr=0.25`,\n"
             "```\n0.5 s\n```\n| x | 2.5 |\n| y | 7.5 |\n\n    python run.py lr=0.1\n      seed=0.5\nmean 0.6"
-            "<!-- record: a final 0.2/mean --> 0.7")
-    assert unquoted(text, ["| y | 7.5 |"]) == ["1.40", "2.5", "0.7"]
+            "<!-- record: a final 0.2/mean --> 0.7, 1.3<!-- record: a c -->x and 1.5x, 64x64")
+    assert unquoted(text, ["| y | 7.5 |"]) == ["1.40", "2.5", "0.7", "1.5"]
     text = "<!-- table: r.json -->\n| a | 1.5 |\n<!-- end -->\nratio 1.02 [0.99, 1.05], mean 2.5"
     assert unquoted(text, checked=re.compile(r"ratio [\d.]+ \[[\d.]+, [\d.]+\]")) == ["2.5"]
 
