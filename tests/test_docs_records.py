@@ -18,7 +18,7 @@ MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- reco
 # the docs every decimal of which quotes its record (or is code, a version, or a table a command renders)
 QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.md")),
            *(ROOT / "docs" / "studies" / f"{name}.md" for name in (
-               "headroom", "reproductions", "search_spaces", "signal", "tuned_ppo"))]
+               "headroom", "reproductions", "search_spaces", "signal", "speed", "tuned_ppo"))]
 RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
             ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
 DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?=x\b|[^\w.]|$)", re.M)
@@ -101,7 +101,7 @@ def unquoted(text: str, rendered=(), checked=None) -> list[str]:
 
 
 def test_every_figure_in_a_quoting_doc_names_its_record():
-    rendered = [path.read_text() for path in RENDERED]
+    rendered = [path.read_text() for path in RENDERED] + load(ROOT / "examples" / "jax_tables.py").tables()
     missing = [f"{doc.relative_to(ROOT)}: {unquoted(doc.read_text(), rendered, CHECKED.get(doc))}" for doc in QUOTING]
     assert not [line for line in missing if not line.endswith("[]")], "\n".join(missing)
 
@@ -127,6 +127,8 @@ def test_rendered_tables_are_their_records():
     study = ROOT / "docs" / "studies" / "headroom"
     table = headroom.table(json.loads((study / "headroom.json").read_text())["pairs"])
     assert (study / "headroom.md").read_text() == table + "\n" and table in (study.parent / "headroom.md").read_text()
+    speed = (ROOT / "docs" / "studies" / "speed.md").read_text()
+    assert all(table in speed for table in load(ROOT / "examples" / "jax_tables.py").tables())
     runs = ROOT / "docs" / "runs" / "high_lr_schedule"
     sweep = load(ROOT / "examples" / "lr_sweep.py").table(json.loads((runs / "lr_sweep.json").read_text()))
     assert (runs / "lr_sweep.md").read_text() == sweep + "\n"
