@@ -2,7 +2,7 @@
 ``<!-- record: PATH KEY -->`` (PATH from the repository's root, KEY a /-separated path into its JSON, ``len`` for
 a list's length; a JSON-lines record is the list of its lines) is the record's value rounded as printed (an
 interval ``[low, high]`` both bounds; a percentage the value x 100), and a table or record rendered by a command is
-what that command renders today. In the docs listed in QUOTING every decimal quotes its record this way."""
+what that command renders today. Every decimal in those docs quotes its record so."""
 import importlib.util
 import json
 import re
@@ -15,12 +15,10 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs" / "studies").glob("*.md")),
         *sorted((ROOT / "docs" / "runs").glob("*/README.md"))]
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
 MARKED = re.compile(rf"(?:\[({NUMBER}), ({NUMBER})\]|({NUMBER}))(%?)\s*<!-- record: (\S+) (.+?) -->")
-# the docs every decimal of which quotes its record (or is code, a version, or a table a command renders)
-QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs" / "runs").glob("*/README.md")),
-           *(ROOT / "docs" / "studies" / f"{name}.md" for name in (
-               "headroom", "reproductions", "search_spaces", "signal", "speed", "tuned_ppo"))]
+# tables a command renders into a file of their own (test_rendered_tables_are_their_records checks them)
 RENDERED = [ROOT / "docs" / "studies" / "headroom" / "headroom.md",
             ROOT / "docs" / "runs" / "high_lr_schedule" / "lr_sweep.md"]
+# a decimal figure, also as a ratio (1.5x); not a version part (0.11.2) or a name (v1.5a)
 DECIMAL = re.compile(r"(?<![\w.])[-+]?\d[\d,]*\.\d+(?:e[-+]?\d+)?(?=x\b|[^\w.]|$)", re.M)
 QUOTED = re.compile(rf"\]?%?\s*<!-- record: |, {NUMBER}\]\s*<!-- record: ")
 # code, versions, and blocks `benchmarks.reproduce page` renders (tests/test_reproduce.py checks them)
@@ -100,9 +98,10 @@ def unquoted(text: str, rendered=(), checked=None) -> list[str]:
     return [m.group(0) for m in DECIMAL.finditer(text) if not QUOTED.match(text, m.end())]
 
 
-def test_every_figure_in_a_quoting_doc_names_its_record():
+def test_every_decimal_in_the_docs_names_its_record():
+    """Outside code, versions and tables a command renders, every decimal figure is followed by its marker."""
     rendered = [path.read_text() for path in RENDERED] + load(ROOT / "examples" / "jax_tables.py").tables()
-    missing = [f"{doc.relative_to(ROOT)}: {unquoted(doc.read_text(), rendered, CHECKED.get(doc))}" for doc in QUOTING]
+    missing = [f"{doc.relative_to(ROOT)}: {unquoted(doc.read_text(), rendered, CHECKED.get(doc))}" for doc in DOCS]
     assert not [line for line in missing if not line.endswith("[]")], "\n".join(missing)
 
 
