@@ -18,14 +18,15 @@ import numpy as np
 import yaml
 from flax import serialization
 
+from metarl import rundir
 from metarl.inner_loops.ppo import PPOConfig
 
 POINTS = (0.0, 0.5, 1.0)
 
 
 def schedule(run: Path) -> dict:
-    coefficients = serialization.msgpack_restore((run / "best_meta_params.msgpack").read_bytes())
-    inner = yaml.safe_load((run / "config.yaml").read_text())["inner"]
+    coefficients = serialization.msgpack_restore((run / rundir.BEST_PARAMS).read_bytes())
+    inner = yaml.safe_load((run / rundir.CONFIG).read_text())["inner"]
     base = {f.name: inner.get(f.name, f.default) for f in dataclasses.fields(PPOConfig)}
     fields = {}
     for field, c in coefficients.items():

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from metarl import rundir
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "studies" / "signal" / "signal.json"
 # run: whether its metrics.jsonl counted the control's seed noise too (recorded before metarl halved it)
@@ -34,7 +36,7 @@ EVALUATIONS = ["adaptive_schedule_h100/evaluation.json", "adaptive_schedule_narr
 
 
 def search(run: str, halve: bool) -> dict:
-    rows = [json.loads(line) for line in (ROOT / "docs" / "runs" / run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (ROOT / "docs" / "runs" / run / rundir.METRICS).read_text().splitlines()]
     noise = np.array([r["seed_noise"] for r in rows]) / (2 if halve else 1)
     between = np.array([r["signal_between"] for r in rows])
     signal = np.maximum(0.0, between - noise) / between
