@@ -1,9 +1,10 @@
-"""``python -m metarl.evaluate run_dir=RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_cpu_devices=auto]
-[distilled=K] [per_task=[16,64]] [split=held-out]``: the learned component against the baseline on fresh seeds, on the tasks the run trained on and
-its held-out ``eval_tasks`` (or ``tasks=[...]``, or one ``env``/``total_timesteps``); ``distilled=K`` adds
-formula K of the run's ``metarl.distill`` front as a side. Per task, ``num_seeds`` agents per side (one vmapped,
-jitted call each, split over the devices) and a random policy. Prints the final returns with 95% CIs, the
-normalised score (R - random) / (baseline - random), Welch's p and, per split, the IQM of the normalised scores
+"""``python -m metarl.evaluate run_dir=RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N]
+[num_cpu_devices=auto] [distilled=K] [per_task=[16,64]] [split=held-out] [sides=[my_pkg.sides.KIND]]``: the learned
+component against the baseline on fresh seeds, on the tasks the run trained on and its held-out ``eval_tasks`` (or
+``tasks=[...]``, or one ``env``/``total_timesteps``); ``distilled=K`` adds formula K of the run's ``metarl.distill``
+front as a side, ``sides=[...]`` side kinds of your own (``metarl.sides``). Per task, ``num_seeds`` agents per side
+(one vmapped, jitted call each, split over the devices) and a random policy. Prints the final returns with 95% CIs,
+the normalised score (R - random) / (baseline - random), Welch's p and, per split, the IQM of the normalised scores
 with stratified-bootstrap CIs and the probability of improvement (``metarl.stats``). Writes the report and its
 figures into the run directory, a suffix per setting so that other settings never overwrite them.
 """
@@ -219,7 +220,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     if total_timesteps is not None and total_timesteps <= 0:
         raise ConfigError(f"total_timesteps: {total_timesteps}; allowed: > 0")
     RunDir(run_dir).require_run()
-    extra = [get(name) for name in sides or []]
+    extra = [kind for kind in map(get, sides or []) if kind not in DEFAULT]
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)

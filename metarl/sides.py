@@ -58,19 +58,16 @@ def register(kind: SideKind) -> SideKind:
 
 
 def get(name: str) -> SideKind:
-    """A registered kind that ``evaluate`` builds on request, or the dotted path of a ``SideKind`` of your own
-    (``my_pkg.sides.TWICE_THE_LR``), registered here so that the command line reaches it without code."""
-    extra = ", ".join(k for k in SIDES if SIDES[k] not in DEFAULT)
-    allowed = f"allowed: {extra or 'none registered'}, or the dotted path of a metarl.sides.SideKind"
-    if name not in SIDES and "." in name:
-        with layer_errors("sides"):
-            found = plugins.locate(name, "sides")
-        if not isinstance(found, SideKind):
-            raise ConfigError(f"sides: {name} is a {type(found).__name__}, not a SideKind; {allowed}")
-        return register(found)
-    if SIDES.get(name) in DEFAULT or name not in SIDES:
-        raise ConfigError(f"sides: {name!r}" + " (evaluated without asking)" * (name in SIDES) + f"; {allowed}")
-    return SIDES[name]
+    """A registered side kind, or the dotted path of a ``SideKind`` of your own (``my_pkg.sides.TWICE_THE_LR``),
+    registered here so that the command line reaches it without code."""
+    if name in SIDES:
+        return SIDES[name]
+    with layer_errors(lambda key: key):   # plugins.locate names the argument: sides
+        found = plugins.locate(name, "sides")
+    if not isinstance(found, SideKind):
+        raise ConfigError(f"sides: {name} is a {type(found).__name__}, not a SideKind; allowed: a registered side "
+                          f"kind ({', '.join(SIDES)}) or the dotted path of a metarl.sides.SideKind")
+    return register(found)
 
 
 def in_order(kinds) -> list:
@@ -103,9 +100,9 @@ def colours(sides: list[dict]) -> dict:
     return found
 
 
-def _learned(run, args) -> list[Side]:
-    return [] if run.meta is None else [Side(f"learned {run.task.kind}", "learned",
-                                             tuple(make(run.meta) for make in run.task.trainers))]
+def hand_designed(prefix: str, role: str, run, task) -> Side:
+    """A side of ``task``'s hand-designed rule (its baselines), labelled by the run's kind."""
+    return Side(prefix + run.task.kind.baseline(task.inner_config), role, tuple(task.baselines))
 
 
 def _learned_compute(run, args) -> dict:
@@ -114,12 +111,12 @@ def _learned_compute(run, args) -> dict:
 
 
 def _baseline(run, args) -> list[Side]:
-    """The tuned baseline if the run tuned it, else as configured: the side the scores are normalised by."""
-    task, name = run.task, "tuned baseline: " if run.tuned else "baseline: "
-    if run.tuned and "matched" in run.tuned:   # tuned with the learned side's tuning and search: the same compute
-        task = build_task(config_lib.with_tuned(run.cfg, run.tuned["matched"]), run.task.specs)
-        name = "tuned baseline (matched compute): "
-    return [Side(name + run.task.kind.baseline(task.inner_config), "baseline", tuple(task.baselines))]
+    """The tuned baseline if the run tuned it (with the learned side's compute where it matched it), else as
+    configured: the side the scores are normalised by."""
+    if run.tuned and "matched" in run.tuned:
+        matched = build_task(config_lib.with_tuned(run.cfg, run.tuned["matched"]), run.task.specs)
+        return [hand_designed("tuned baseline (matched compute): ", "baseline", run, matched)]
+    return [hand_designed("tuned baseline: " if run.tuned else "baseline: ", "baseline", run, run.task)]
 
 
 def _formula(run, args) -> list[Side]:
@@ -136,15 +133,6 @@ def _formula_finish(report: dict, sides: list[Side], args) -> str:
     report["formula"] = {"k": args["distilled"], "label": sides[0].label,
                          **{key: sides[0].record[key] for key in ("expression", "size", "nmse", "component")}}
     return f"_distilled{args['distilled']}"
-
-
-def _configured(run, args) -> list[Side]:
-    """Where the run tuned its baseline, the baseline as configured."""
-    if not run.tuned:
-        return []
-    task = build_task(results.load_config(run.run_dir, tuned=False), run.task.specs)
-    return [Side("baseline as configured: " + run.task.kind.baseline(task.inner_config), "configured",
-                 tuple(task.baselines))]
 
 
 def _per_task(run, args) -> list[Side]:
@@ -168,7 +156,9 @@ def _per_task_finish(report: dict, sides: list[Side], args) -> str:
 
 
 LEARNED = register(SideKind(
-    "learned", _learned, order=1, colours=("tab:blue",), short=lambda label: "learned",
+    "learned", order=1, colours=("tab:blue",), short=lambda label: "learned",
+    build=lambda run, args: [] if run.meta is None else [
+        Side(f"learned {run.task.kind}", "learned", tuple(make(run.meta) for make in run.task.trainers))],
     compared=(Comparison("test", None, "learned", "baseline",
                          lambda roles: "p vs tuned" if "configured" in roles else "p (paired)"),
               Comparison("test_configured", "vs_configured", "learned", "configured", "p vs config")),
@@ -182,13 +172,16 @@ FORMULA = register(SideKind(
     "formula", _formula, order=2, colours=("tab:green",), finish=_formula_finish,
     compared=(Comparison("test_formula", "formula", "formula", "baseline"),)))
 CONFIGURED = register(SideKind(
-    "configured", _configured, order=5, colours=("0.55",), column=None,
+    "configured", order=5, colours=("0.55",), column=None,
+    build=lambda run, args: [hand_designed("baseline as configured: ", "configured", run, build_task(
+        results.load_config(run.run_dir, tuned=False), run.task.specs))] if run.tuned else [],
     # a run's baselines alone (no learned side): the tuned baseline against the configured one
     compared=(Comparison("test_tuning", "tuning", "baseline", "configured", "p vs config", unless="learned"),),
     compute=lambda run, args: {"tuning": 0}, cost=lambda report, c: "as configured 0"))
 PER_TASK = register(SideKind(
-    "per_task", _per_task, order=4, colours=("tab:olive", "tab:cyan", "tab:brown"), column=lambda label: label.split()[-1],
-    compared=(Comparison("test_per_task", "per_task", "per_task", "baseline"),), finish=_per_task_finish,
+    "per_task", _per_task, order=4, colours=("tab:olive", "tab:cyan", "tab:brown"),
+    column=lambda label: label.split()[-1], finish=_per_task_finish,
+    compared=(Comparison("test_per_task", "per_task", "per_task", "baseline"),),
     cost=lambda report, c: f"tuned per task k on each evaluated task ({report['per_task']['tunings']} tunings per "
                            f"task here, {report['per_task']['seeds_per_setting']} seeds per setting)"))
 # The kinds every evaluation builds (each where it applies); others only where ``sides=[...]`` names them.
