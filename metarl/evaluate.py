@@ -29,7 +29,7 @@ from metarl.inner_loops.trainer import frames_per_run
 from metarl.progress import Watchdog, progress
 from metarl.report import format_report
 from metarl.rundir import CheckpointError, RunDir
-from metarl.sides import DEFAULT, Side, colours, comparisons, first_seen, get
+from metarl.sides import DEFAULT, Side, colours, compared, comparisons, get
 from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
 EVAL_ROOT = 10_000
@@ -277,12 +277,6 @@ def _rows(loaded: Loaded, curves: dict, seconds: dict) -> list[dict]:
     return rows
 
 
-def scored_sides(report: dict) -> list[tuple]:
-    """The compared sides as ``plots.task_scores_figure`` draws them: label, colour, where their IQMs are."""
-    roles, colour = {side["role"]: side["label"] for side in report["sides"]}, colours(report["sides"])
-    return [(label, colour[label], c.part, key) for label, (c, key) in first_seen(roles).items()]
-
-
 def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix: str) -> None:
     """Each task's learning curves and, with several tasks, the normalised scores; paths in ``report``."""
     from metarl import plots
@@ -295,7 +289,7 @@ def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix
                                                           f"mean and 95% CI over {report['num_seeds']} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir.figures / name))
-    scored = scored_sides(report)
+    scored = [(label, hue, c.part, key) for label, hue, c, key in compared(report["sides"])]
     if len(rows) > 1 and any(part is None for _, _, part, _ in scored):   # the split's own comparison: learned's
         fig = plots.task_scores_figure(rows, report["aggregate"], scored)
         report["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}.png"))

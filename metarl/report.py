@@ -3,7 +3,7 @@ scores and tests, the IQMs per split and each side's tuning compute, all read fr
 from __future__ import annotations
 
 from metarl import payoff
-from metarl.sides import SIDES, comparisons, first_seen, in_order
+from metarl.sides import SIDES, compared, comparisons, in_order
 from metarl.stats import bracket
 
 
@@ -90,7 +90,7 @@ def _aggregate_lines(report: dict, roles: dict) -> list[str]:
     for name, agg in report["aggregate"].items():
         # each side's IQM where its first comparison has it (as that comparison's challenger or reference)
         iqms = [f"{_short(label)} {c.of(agg)[key]:.3f} {bracket(c.of(agg)[key + '_ci95'])}"
-                for label, (c, key) in first_seen(roles).items()]
+                for label, _, c, key in compared(report["sides"])]
         better = []
         for c in comparisons(roles):
             v, w, a, b = c.of(agg), c.of(agg.get("with_left_out") or {}), c.a, c.b   # w: with the flagged tasks

@@ -76,18 +76,20 @@ def in_order(kinds) -> list:
 
 
 def comparisons(roles: dict) -> list[Comparison]:
-    """The comparisons whose roles (``roles``: role -> label) are both evaluated, in the kinds' order."""
+    """The comparisons whose roles are both evaluated, in the kinds' order (``roles``: role -> label; of a role's
+    several sides, the last: per_task's at the largest k)."""
     return [c for kind in in_order(SIDES.values()) for c in kind.compared
             if c.a in roles and c.b in roles and c.unless not in roles]
 
 
-def first_seen(roles: dict) -> dict:
-    """Each compared side's label -> its first comparison and its IQM's key there (challenger's or reference's)."""
-    found = {}
+def compared(sides: list[dict]) -> list[tuple]:
+    """The report's compared ``sides``, each once: label, colour, its first comparison and its IQM's key there (the
+    challenger's or the reference's)."""
+    roles, colour, found = {side["role"]: side["label"] for side in sides}, colours(sides), {}
     for c in comparisons(roles):
         found.setdefault(roles[c.a], (c, "iqm_learned"))
         found.setdefault(roles[c.b], (c, "iqm_baseline"))
-    return found
+    return [(label, colour[label], c, key) for label, (c, key) in found.items()]
 
 
 def colours(sides: list[dict]) -> dict:
@@ -107,13 +109,13 @@ def hand_designed(prefix: str, role: str, run, task) -> Side:
 
 def _learned_compute(run, args) -> dict:
     from metarl.stages import pick_trainings, trainings
-    return {"search": trainings(run.cfg) + pick_trainings(run.cfg), "tuning": (run.tuned or {"trainings": 0})["trainings"]}
+    tuning = run.tuned["trainings"] if run.tuned else 0
+    return {"search": trainings(run.cfg) + pick_trainings(run.cfg), "tuning": tuning}
 
 
 def _baseline(run, args) -> list[Side]:
-    """The tuned baseline if the run tuned it (with the learned side's compute where it matched it), else as
-    configured: the side the scores are normalised by."""
-    if run.tuned and "matched" in run.tuned:
+    """The tuned baseline if the run tuned it, else as configured: the side the scores are normalised by."""
+    if run.tuned and "matched" in run.tuned:   # tuned with the learned side's tuning and search: the same compute
         matched = build_task(config_lib.with_tuned(run.cfg, run.tuned["matched"]), run.task.specs)
         return [hand_designed("tuned baseline (matched compute): ", "baseline", run, matched)]
     return [hand_designed("tuned baseline: " if run.tuned else "baseline: ", "baseline", run, run.task)]

@@ -8,8 +8,8 @@ from metarl import sides
 
 def other_seeds(run, args) -> list:
     baseline = sides.BASELINE.build(run, args)[0]
-    return [sides.Side(f"{baseline.label.split(':')[0]}, other seeds", "other_seeds",
-                       tuple(lambda key, train=train: train(jax.random.fold_in(key, 1)) for train in baseline.trainers))]
+    trainers = tuple(lambda key, train=train: train(jax.random.fold_in(key, 1)) for train in baseline.trainers)
+    return [sides.Side(f"{baseline.label.split(':')[0]}, other seeds", "other_seeds", trainers)]
 
 
 OTHER_SEEDS = sides.register(sides.SideKind(
