@@ -225,13 +225,12 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
     loaded = _load(run_dir, env, total_timesteps, tasks, split)
-    task, built = loaded.task, {kind: kind.build(loaded, args) for kind in (*DEFAULT, *extra)}
-    loaded.sides = [side for group in built.values() for side in group]
+    task, built = loaded.task, [(kind, kind.build(loaded, args)) for kind in (*DEFAULT, *extra)]
+    loaded.sides = [side for _, group in built for side in group]
     root, keys = eval_keys(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
     watchdog = Watchdog(loaded.cfg.watchdog, RunDir(run_dir).stacks, "Run the same command again.")
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh, watchdog)
-    tuned = loaded.tuned
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name,
         "trained_tasks": [s.name for s, t in zip(task.specs, loaded.on_train) if t],
@@ -241,14 +240,14 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "statistic": "mean episode return over all updates (the search's fitness statistic, auc)"
                      if loaded.cfg.fitness.statistic == "auc" else "mean episode return over the last "
                      f"{loaded.cfg.fitness.window:.0%} of updates (the search's fitness statistic)",
-        "normalized": f"(R - random policy) / ({'tuned ' if tuned else ''}baseline mean - random policy), per task",
-        "tuned": tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
+        "normalized": f"(R - random policy) / ({'tuned ' * bool(loaded.tuned)}baseline mean - random policy), per task",
+        "tuned": loaded.tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
         "tasks": _rows(loaded, curves, seconds), "compile_seconds": compile_s,
         # each side's tuning compute in trainings on the trained-on tasks (one training on all of them counts once)
-        "compute": {kind.name: kind.compute(loaded, args) for kind, group in built.items() if group and kind.compute},
+        "compute": {kind.name: kind.compute(loaded, args) for kind, group in built if group and kind.compute},
     }
     # what a kind records beside its sides, and a suffix per setting, so that none overwrites another's files
-    finished = "".join(kind.finish(report, group, args) for kind, group in built.items() if group and kind.finish)
+    finished = "".join(kind.finish(report, group, args) for kind, group in built if group and kind.finish)
     restate(report, build_task(loaded.cfg).frames_per_eval)
     values = None if loaded.meta is None else task.kind.values(task.component, loaded.meta)  # where it learns such
     if values is not None:
