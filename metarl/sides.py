@@ -38,7 +38,7 @@ class Comparison(NamedTuple):
 class SideKind:
     name: str                     # its sides' role in the report
     build: Callable               # (loaded run, evaluate's arguments) -> its sides; none where it does not apply
-    order: int                    # its place in the table, the closing line and the compute line, lowest first
+    order: float                  # its place in the table, the closing line and the compute line, lowest first
     colours: tuple = ("tab:pink",)      # its i-th side's colour in figures: colours[i % len(colours)]
     compared: tuple = ()                # its Comparisons: where it is the challenger, or `unless` names a role
     column: Optional[Callable] = lambda label: label.split()[0]   # label -> its normalised score's header; None: none
