@@ -35,7 +35,7 @@ def test_a_side_kind_of_ones_own_is_built_compared_printed_and_drawn(tiny_value_
     agg = report["aggregate"]["held-out"]["other_seeds"]
     assert agg["iqm_learned_ci95"][0] <= agg["iqm_learned"] <= agg["iqm_learned_ci95"][1]
 
-    # the printed table and aggregates: its column between the baseline's and nothing, its p, its difference
+    # the printed table and aggregates: its columns after the baseline's (order 3.5), its p, its difference
     header = next(line for line in out.splitlines() if line.startswith("task"))
     assert header.index("baseline [95% CI]") < header.index(f"{LABEL} [95% CI]")
     assert "norm. A/A" in header and header.endswith(f"{'p (paired)':>13}{'p A/A':>13}")
