@@ -11,6 +11,7 @@ import functools
 from typing import Any, Optional
 
 from metarl.inner_loops.plugins import constructor_arguments, instantiate, locate
+from metarl.inner_loops.errors import SettingError
 
 OPTIMIZERS = ("adam", "sgd", "clipup")
 
@@ -48,11 +49,12 @@ class ESConfig:
             return locate(self.target)
         STRATEGIES, UNSUPPORTED, _ = strategy_tables()
         if self.strategy in UNSUPPORTED:
-            raise ValueError(f"strategy: {self.strategy} does not work with this driver "
-                             f"({UNSUPPORTED[self.strategy]}); allowed: {', '.join(STRATEGIES)}")
+            raise SettingError("strategy", f"{self.strategy} does not work with this driver "
+                               f"({UNSUPPORTED[self.strategy]})", ", ".join(STRATEGIES))
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)} "
-                             f"(not: {', '.join(UNSUPPORTED)}, see docs/extending.md)")
+            raise SettingError("strategy", f"unknown strategy {self.strategy!r}",
+                               f"{', '.join(STRATEGIES)} "
+                               f"(not: {', '.join(UNSUPPORTED)}, see docs/extending.md)")
         return STRATEGIES[self.strategy]
 
     def validate(self) -> "ESConfig":
@@ -66,23 +68,23 @@ class ESConfig:
 
     def _check_fields(self) -> None:
         if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
-            raise ValueError(f"popsize: {self.popsize!r}; allowed: an integer >= 2")
+            raise SettingError("popsize", repr(self.popsize), "an integer >= 2")
         if not 0 < self.std_init < float("inf"):
-            raise ValueError(f"std_init: {self.std_init!r}; allowed: a finite number > 0")
+            raise SettingError("std_init", repr(self.std_init), "a finite number > 0")
         if not 0 < self.lr < float("inf"):
-            raise ValueError(f"lr: {self.lr!r}; allowed: a finite number > 0")
+            raise SettingError("lr", repr(self.lr), "a finite number > 0")
         for name in ("std_decay", "lr_decay"):
             if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: > 0 and <= 1 (1: no decay)")
+                raise SettingError(name, repr(getattr(self, name)), "> 0 and <= 1 (1: no decay)")
         if not 0 <= self.adam_b1 < 1:
-            raise ValueError(f"adam_b1: {self.adam_b1!r}; allowed: >= 0 and < 1")
+            raise SettingError("adam_b1", repr(self.adam_b1), ">= 0 and < 1")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer: {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+            raise SettingError("optimizer", repr(self.optimizer), ", ".join(OPTIMIZERS))
         if self.fitness_shaping is not None and self.fitness_shaping not in strategy_tables()[2]:
-            raise ValueError(f"fitness_shaping: {self.fitness_shaping!r}; allowed: "
-                             f"{', '.join(strategy_tables()[2])} or null (the strategy's default)")
+            raise SettingError("fitness_shaping", repr(self.fitness_shaping),
+                               f"{', '.join(strategy_tables()[2])} or null (the strategy's default)")
         if self.args and self.target is None:
-            raise ValueError(f"args: {self.args!r}; allowed: empty unless _target_ names a strategy class")
+            raise SettingError("args", repr(self.args), "empty unless _target_ names a strategy class")
 
 
 _POPULATION_BASED = "population-based: its init(key, population, fitness, params) starts from a scored " \
@@ -162,10 +164,11 @@ def make_strategy(config: ESConfig, template: Any):
     except AssertionError as err:  # evosax checks the population size with asserts
         message = str(err)
         if "even" in message:
-            raise ValueError(f"popsize: {config.popsize} is odd but {config.name} needs an even "
-                             f"population (antithetic pairs); allowed: an even number such as {config.popsize + 1}") from None
-        raise ValueError(f"popsize: {config.popsize} is refused by {config.name} ({message}); allowed: "
-                         "a population size the strategy accepts") from None
+            raise SettingError("popsize", f"{config.popsize} is odd but {config.name} needs an even "
+                               "population (antithetic pairs)",
+                               f"an even number such as {config.popsize + 1}") from None
+        raise SettingError("popsize", f"{config.popsize} is refused by {config.name} ({message})",
+                           "a population size the strategy accepts") from None
     params = es.default_params
     if hasattr(params, "std_init"):
         params = params.replace(std_init=config.std_init)
