@@ -15,6 +15,7 @@ import numpy as np
 from flax import struct
 
 from metarl.inner_loops.errors import SettingError
+from metarl.inner_loops.schema import INT32_MAX
 
 
 def static(default: Any) -> Any:
@@ -29,8 +30,6 @@ def concrete(x: Any) -> Optional[float]:
     return float(arr) if arr.ndim == 0 else None
 
 
-# Sizes and budgets end up as int32 inside JAX (loop bounds, array shapes, step counters).
-INT32_MAX = 2**31 - 1
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> None:

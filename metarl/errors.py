@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import contextlib
-import difflib
 import re
 from typing import Callable, Iterable
 
 from metarl.inner_loops.errors import SettingError
+from metarl.inner_loops.schema import suggest
 
 
 class ConfigError(ValueError):
@@ -44,12 +44,6 @@ def layer_errors(where: str | Callable[[str], str]):
     except ValueError as err:
         line = (str(err).strip() or type(err).__name__).splitlines()[0]
         raise ConfigError(f"{layer_path(where, '')}: {line}") from None
-
-
-def suggest(name: str, names: Iterable[str]) -> str:
-    """`` (did you mean X?)`` for the names closest to a misspelt ``name`` (difflib), else nothing."""
-    close = " or ".join(difflib.get_close_matches(name, list(names), n=3))
-    return close and f" (did you mean {close}?)"
 
 
 def one_line(err: Exception, keys: Iterable[str] = ()) -> ConfigError:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import Field
 
 from metarl.inner_loops.plugins import constructor_arguments, instantiate, locate
+from metarl.inner_loops.schema import to_dict, validate
 from metarl.inner_loops.errors import SettingError
 
 OPTIMIZERS = ("adam", "sgd", "clipup")
+SHAPINGS = ("centered_rank", "standardize", "normalize", "identity", "weights")   # evosax's fitness shapings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,14 +32,15 @@ class ESConfig:
     field's ``alias``)."""
 
     strategy: str = "Open_ES"
-    popsize: int = 16
-    std_init: float = 0.03
-    lr: float = 0.05
-    optimizer: str = "adam"
-    adam_b1: float = 0.9
-    std_decay: float = 1.0
-    lr_decay: float = 1.0
-    fitness_shaping: Optional[str] = None
+    popsize: Annotated[int, Field(ge=2, description="an integer >= 2")] = 16
+    std_init: Annotated[float, Field(gt=0, description="a finite number > 0")] = 0.03
+    lr: Annotated[float, Field(gt=0, description="a finite number > 0")] = 0.05
+    optimizer: Literal[OPTIMIZERS] = "adam"
+    adam_b1: Annotated[float, Field(ge=0, lt=1, description=">= 0 and < 1")] = 0.9
+    std_decay: Annotated[float, Field(gt=0, le=1, description="> 0 and <= 1 (1: no decay)")] = 1.0
+    lr_decay: Annotated[float, Field(gt=0, le=1, description="> 0 and <= 1 (1: no decay)")] = 1.0
+    fitness_shaping: Annotated[Optional[Literal[SHAPINGS]],
+                               Field(description=f"{', '.join(SHAPINGS)} or null (the strategy's default)")] = None
     antithetic: bool = True
     target: Optional[str] = dataclasses.field(default=None, metadata={"alias": "_target_"})
     args: dict = dataclasses.field(default_factory=dict)
@@ -67,22 +72,7 @@ class ESConfig:
         return self
 
     def _check_fields(self) -> None:
-        if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
-            raise SettingError("popsize", repr(self.popsize), "an integer >= 2")
-        if not 0 < self.std_init < float("inf"):
-            raise SettingError("std_init", repr(self.std_init), "a finite number > 0")
-        if not 0 < self.lr < float("inf"):
-            raise SettingError("lr", repr(self.lr), "a finite number > 0")
-        for name in ("std_decay", "lr_decay"):
-            if not 0 < getattr(self, name) <= 1:
-                raise SettingError(name, repr(getattr(self, name)), "> 0 and <= 1 (1: no decay)")
-        if not 0 <= self.adam_b1 < 1:
-            raise SettingError("adam_b1", repr(self.adam_b1), ">= 0 and < 1")
-        if self.optimizer not in OPTIMIZERS:
-            raise SettingError("optimizer", repr(self.optimizer), ", ".join(OPTIMIZERS))
-        if self.fitness_shaping is not None and self.fitness_shaping not in strategy_tables()[2]:
-            raise SettingError("fitness_shaping", repr(self.fitness_shaping),
-                               f"{', '.join(strategy_tables()[2])} or null (the strategy's default)")
+        validate(type(self), to_dict(self))   # the fields' own constraints (above), as the harness checks them
         if self.args and self.target is None:
             raise SettingError("args", repr(self.args), "empty unless _target_ names a strategy class")
 
@@ -110,8 +100,7 @@ def strategy_tables() -> tuple[dict, dict, dict]:
         "SV_Open_ES": _SEVERAL_MEANS,
     }
     strategies = {name: cls for name, cls in algorithms.items() if name not in unsupported}
-    shapings = {name: getattr(shaping, f"{name}_fitness_shaping_fn")
-                for name in ("centered_rank", "standardize", "normalize", "identity", "weights")}
+    shapings = {name: getattr(shaping, f"{name}_fitness_shaping_fn") for name in SHAPINGS}
     return strategies, unsupported, shapings
 
 
