@@ -49,6 +49,11 @@ class ESConfig:
     def name(self) -> str:
         return self.target or self.strategy
 
+    def state_floats(self, num_dims: int) -> int:
+        """Floats of the strategy's own state that grow faster than the population (CMA-ES's two num_dims^2
+        matrices); what a memory estimate adds to the population's."""
+        return 2 * num_dims ** 2 if self.strategy == "CMA_ES" and self.target is None else 0
+
     def strategy_class(self):
         if self.target is not None:
             return locate(self.target)
