@@ -107,15 +107,10 @@ def instantiate(path: str, args: dict, field: str = TARGET, arg_field: str | Cal
         cause = err
     if isinstance(cause, AssertionError):
         raise cause
-    if isinstance(cause, SettingError):  # the class names its own argument, as metarl's do
-        raise cause.at(name_of(cause.field)) from None
-    message = _first_line(cause)
-    if isinstance(cause, ValueError) and ":" in message.split(";")[0]:
-        # A class of the user's own may name its argument in a plain ValueError's text
-        # ("length: ...; allowed: ...", docs/environments.md): the one text read here, and it is not metarl's.
-        key, _, rest = message.partition(":")
-        raise SettingError(name_of(key), rest.strip()) from None
-    raise SettingError(field, f"{path} failed to build ({type(cause).__name__}: {message})") from None
+    setting = SettingError.of(cause) if isinstance(cause, ValueError) else None
+    if setting is not None and setting.field:   # the class names its own argument
+        raise setting.at(name_of(setting.field)) from None
+    raise SettingError(field, f"{path} failed to build ({type(cause).__name__}: {_first_line(cause)})") from None
 
 
 def _first_line(err: BaseException | None) -> str:

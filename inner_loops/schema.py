@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Literal
 
 from pydantic import AfterValidator, TypeAdapter
 from pydantic.fields import FieldInfo
-from pydantic_core import SchemaValidator, ValidationError
+from pydantic_core import PydanticCustomError, SchemaValidator, ValidationError
 
 from metarl.inner_loops.errors import SettingError
 
@@ -33,16 +33,27 @@ def ok(check: Callable[[Any], Any]) -> AfterValidator:
     return AfterValidator(validate)
 
 
+def _int32(value):
+    if type(value) is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
+        raise PydanticCustomError("int32", "beyond int32")
+    return value
+
+
 def _adapted(node, in_union: bool = False):
     """pydantic's schema, ``_STRICT`` but taking each dataclass as a mapping (strict alone takes only
-    instances), a Union's error that of its last type (the last one tried), ints within int32."""
+    instances), a Union's error that of its last type (the last one tried), ints within int32 (pydantic's
+    ``le``/``ge``, or a check after a Union, whose one error would hide its int's)."""
     if isinstance(node, dict) and node.get("type") == "dataclass":
         node.update(strict=False, config=_STRICT)
     if isinstance(node, dict) and node.get("type") == "union":
         node["custom_error_type"] = {"str": "string"}.get(last := node["choices"][-1]["type"], last) + "_type"
+        _adapted(node["choices"], in_union=True)
+        union = dict(node)
+        node.clear()
+        node.update(type="function-after", function={"type": "no-info", "function": _int32}, schema=union)
+        return node
     if isinstance(node, dict) and node.get("type") == "int" and not in_union:
         node.setdefault("le", INT32_MAX), node.setdefault("ge", -INT32_MAX - 1)
-    in_union = in_union or isinstance(node, dict) and node.get("type") == "union"
     for child in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
         _adapted(child, in_union)
     return node
@@ -99,7 +110,7 @@ def validate(tp, value):
         raise SettingError(field, "unknown setting", ", ".join(keys) + suggest(str(loc[-1]), keys))
     if kind == "dataclass_type":
         raise SettingError(field, repr(value), "a mapping of " + ", ".join(_keys(tp, loc)))
-    if INT32_MAX in (error.get("ctx", {}).get("le"), -1 - error.get("ctx", {}).get("ge", 0)):
+    if kind == "int32" or INT32_MAX in (error.get("ctx", {}).get("le"), -1 - error.get("ctx", {}).get("ge", 0)):
         raise SettingError(field, str(value), f"an integer of at most {INT32_MAX}")
     if kind in _ALLOWED:
         raise SettingError(field, repr(value), _ALLOWED[kind])

@@ -33,17 +33,15 @@ def layer_path(where: str | Callable[[str], str], key: str) -> str:
 
 @contextlib.contextmanager
 def layer_errors(where: str | Callable[[str], str]):
-    """inner_loops' and outer_loops' ``SettingError`` as a ``ConfigError`` naming the config's path for its field; any
-    other ``ValueError`` names no argument, so it names the part of the config itself."""
+    """inner_loops' and outer_loops' ``SettingError`` (or a user class's ``ValueError``, ``SettingError.of``) as a
+    ``ConfigError`` naming the config's path for its field; one naming no field names the part of the config."""
     try:
         yield
     except ConfigError:
         raise
-    except SettingError as err:
-        raise LayerError(layer_path(where, err.field), err.problem, err.allowed) from None
     except ValueError as err:
-        line = (str(err).strip() or type(err).__name__).splitlines()[0]
-        raise ConfigError(f"{layer_path(where, '')}: {line}") from None
+        setting = SettingError.of(err)
+        raise LayerError(layer_path(where, setting.field), setting.problem, setting.allowed) from None
 
 
 def one_line(err: Exception, keys: Iterable[str] = ()) -> ConfigError:
