@@ -16,7 +16,8 @@ from pydantic_core import PydanticCustomError, SchemaValidator, ValidationError
 
 from metarl.inner_loops.errors import SettingError
 
-# Sizes, counts and budgets become int32 inside JAX; a field with a range of its own (the seed) keeps it.
+# Sizes, counts and budgets become int32 inside JAX (loop bounds, array shapes, step counters); a field with a
+# range of its own (the seed's) keeps it.
 INT32_MAX = 2**31 - 1
 # pydantic's errors as what is allowed: strict types (no "3" for 3, no 1 for true, no tuple for a list), finite numbers
 _ALLOWED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "true or false",
@@ -26,11 +27,11 @@ _STRICT = {"strict": True, "allow_inf_nan": False, "extra_fields_behavior": "for
 
 def ok(check: Callable[[Any], Any]) -> AfterValidator:
     """``Annotated`` metadata refusing a value ``check`` refuses, for what pydantic's constraints cannot say."""
-    def validate(value):
+    def checked(value):
         if not check(value):
             raise ValueError("refused")   # the field's description says what is allowed
         return value
-    return AfterValidator(validate)
+    return AfterValidator(checked)
 
 
 def _int32(value):
