@@ -35,6 +35,7 @@ from flax import struct
 # evosax's algorithms start JAX's backends when they are imported, so they are imported when a
 # strategy is built (es_config.make_strategy), not with this module: a run sets its devices first.
 from metarl.outer_loops.es_config import OPTIMIZERS, ESConfig, make_strategy, strategy_tables  # noqa: F401 (part of this module's API)
+from metarl.inner_loops.errors import SettingError
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 # The per-generation signal statistics, by their names in stats, metrics.jsonl, wandb, MLflow and the
@@ -170,7 +171,7 @@ class Evolution:
                  control_fn: Optional[Callable[[jax.Array], jax.Array]] = None, paired: bool = False,
                  keep_top: int = 1):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
-            raise ValueError(f"num_seeds: {num_seeds!r}; allowed: a positive integer")
+            raise SettingError("num_seeds", repr(num_seeds), "a positive integer")
         self.config = config
         self.es, self.es_params = make_strategy(config, template)  # checks the settings first
         self.template = template
@@ -190,13 +191,13 @@ class Evolution:
         # baseline), trained on the same seed keys as the members in every generation; paired: the
         # strategy ranks each member's fitness minus the control's on the same seeds.
         if paired and control_fn is None:
-            raise ValueError("paired: True needs a control_fn to pair with; allowed: False without one")
+            raise SettingError("paired", "True needs a control_fn to pair with", "False without one")
         self.control_fn = control_fn
         self.paired = paired
         self.keep_top = keep_top
         if mesh is not None and config.popsize % mesh.size:
-            raise ValueError(f"popsize: {config.popsize} does not divide over {mesh.size} devices; "
-                             f"allowed: a multiple of {mesh.size}")
+            raise SettingError("popsize", f"{config.popsize} does not divide over {mesh.size} devices",
+                               f"a multiple of {mesh.size}")
         # With a mesh the state stays one fully replicated global array (every process holds the same
         # copy, also in a multi-process run): only the members' evaluation is split over the devices.
         replicated = None
