@@ -1,6 +1,5 @@
-"""Per-generation reporting through one sink per tracker (``Logger``): a console line, ``metrics.jsonl`` and
-(optionally) Weights & Biases and MLflow, which get the same scalars (``scalars``), and at the end of a run the
-figures and the best meta-parameters; what goes where is in docs/tracking.md."""
+"""Per-generation reporting through one sink per tracker (``Logger``): the console, ``metrics.jsonl``, Weights &
+Biases and MLflow; what goes where is in docs/tracking.md."""
 from __future__ import annotations
 
 import contextlib
@@ -144,7 +143,9 @@ class MlflowSink(Sink):
     tracking = property(lambda self: self.run.active)
 
     def log(self, record: dict) -> None:
-        self.run.log_generation(record["generation"], scalars(record))
+        """At step = generation unless MLflow holds it (a resumed run redoes those after its last checkpoint)."""
+        if record["generation"] > self.run.last_step and self.run.log_metrics(scalars(record), record["generation"]):
+            self.run.last_step = record["generation"]
 
     def catch_up(self, history: list) -> None:
         for record in history:
@@ -159,8 +160,7 @@ class MlflowSink(Sink):
 
     @staticmethod
     def check(section: MlflowSection) -> None:
-        """``ConfigError``, before anything is written, if MLflow (or a local store's SQL packages) cannot be imported
-        or it refuses a ``file:`` store (MLflow 3 retired the file store)."""
+        """``ConfigError`` if MLflow (or a local store's SQL packages) cannot be imported, or refuses a file store."""
         if section.mode != "enabled":
             return
         uri = mlflow_store(section.tracking_uri)[0]
@@ -230,12 +230,6 @@ def mlflow_store(tracking_uri: str) -> tuple[str, Optional[str]]:
         return tracking_uri, None
     folder = Path(tracking_uri).expanduser().absolute()
     return f"sqlite:///{folder / 'mlflow.db'}", str(folder / "artifacts")
-
-
-def check_trackers(settings: LoggerSection) -> None:
-    """Each tracker's own checks of its section (``Sink.check``), before a run writes anything."""
-    for name, sink in TRACKERS.items():
-        sink.check(getattr(settings, name))
 
 
 class MlflowRun:
@@ -312,11 +306,6 @@ class MlflowRun:
         metrics = [Metric(re.sub(r"[^/\w.\- :]", "_", k), float(v), now, step)  # the characters MLflow allows
                    for k, v in values.items()]
         return self.send(f"logging step {step}", "log_batch", metrics)
-
-    def log_generation(self, generation: int, values: dict) -> None:
-        """At step ``generation`` unless MLflow holds it (a resumed run redoes those after its last checkpoint)."""
-        if generation > self.last_step and self.log_metrics(values, generation):
-            self.last_step = generation
 
     def log_files(self, paths: list, folder: Optional[str]) -> None:
         """Into the run's ``folder`` of artifacts (None: at their top); a resumed run's replace the earlier ones."""

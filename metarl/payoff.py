@@ -1,8 +1,6 @@
-"""Does a learned part pay for itself? ``metarl.evaluate``'s four-sided summary on the held-out tasks (docs/results.md):
-the share of per-task tuning's gain the learned part recovers (Fieller's interval), its IQM over the single tuned
-configuration's, the pairs shown not worse by a margin and those worse beyond noise (Holm-corrected) and the
-break-even point: the new tasks after which meta-training has cost fewer frames than tuning each with k trainings.
-A diverged seed scores 0; a task whose baseline does not clear random play is flagged and left out."""
+"""Does a learned part pay for itself? ``metarl.evaluate``'s summary on the held-out tasks against per-task tuning
+(what it states: docs/results.md). A diverged seed scores 0; a task whose baseline does not clear random play is
+flagged and left out."""
 from __future__ import annotations
 
 import math
@@ -27,8 +25,7 @@ def normalised(row: dict, labels, base: str) -> dict:
 
 def payoff(report: dict, frames_per_training: int, reps: int = 2000) -> dict | None:
     """The summary (None unless the report has held-out tasks, a learned side, a per-task side and a task whose
-    baseline clears random play: the rest are flagged, left out). Every side's seeds and the normalising mean are
-    resampled together; seed i of every side trains from one key, so the per-pair t-tests are paired."""
+    baseline clears random play); seed i of every side trains from one key, so the per-pair t-tests are paired."""
     from metarl.pertask import label
     roles = {side["role"]: side["label"] for side in report["sides"]}
     held = [row for row in report["tasks"] if row["split"] == "held-out"]

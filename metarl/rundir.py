@@ -234,10 +234,8 @@ def from_host(value, template):
 
 class Checkpointer:
     """The Orbax checkpoints: at generation G, the state after G generations and, as JSON, their history, the
-    config and both's ``digest`` (Orbax checks no data file's contents). Orbax renames a step's temporary
-    directory when complete, so a kill mid-write leaves the previous checkpoint intact (the leftover is removed,
-    a damaged one set aside: ``set_aside``). Orbax is imported on first use: it takes seconds, and
-    the CLI imports this module (CheckpointError) to check input."""
+    config and both's ``digest`` (Orbax checks no data file's contents; docs/resume.md). Orbax is imported on first
+    use: it takes seconds, and the CLI imports this module (CheckpointError) to check input."""
 
     def __init__(self, run_dir: str | Path, keep: int = 3, write: bool = True):
         import jax
@@ -299,9 +297,8 @@ class Checkpointer:
         return (state if template_state is None else jax.tree.map(from_host, state, template_state)), meta
 
     def newest(self, template_state: Any = None) -> tuple[Optional[int], Any, dict]:
-        """``(step, state, meta)`` of the newest checkpoint that reads back as saved, the newer ones in
-        ``skipped``; ``(None, None, {})`` without any; ``CheckpointError``, one line saying what to do, if none
-        reads."""
+        """``(step, state, meta)`` of the newest checkpoint that reads back as saved, the newer ones in ``skipped``;
+        ``(None, None, {})`` without any; ``CheckpointError``, one line saying what to do, if none reads."""
         steps = sorted(self.manager.all_steps(), reverse=True)
         for step in steps:
             try:
@@ -345,15 +342,6 @@ class RunLock:
         self.lock.release(force=True)
 
 
-def _holder(path: Path) -> str:
-    """Who holds the lock, from what the holder wrote: ``pid P host H``."""
-    with contextlib.suppress(OSError):
-        holder = re.match(r"pid (\d+) host (\S+)\n", path.read_text(errors="replace"))
-        if holder:
-            return f"process {holder[1]} on host {holder[2]}"
-    return "another process"
-
-
 def acquire(run_dir: str | Path) -> RunLock:
     """Create ``run_dir`` if needed and hold its lock, or raise ``RunDirLocked`` having changed nothing (a held
     lock file is only opened). Keep the returned lock: garbage collection releases it."""
@@ -364,7 +352,11 @@ def acquire(run_dir: str | Path) -> RunLock:
     try:
         lock.acquire()
     except Timeout:
-        raise RunDirLocked(f"run_dir: {run_dir} is in use by {_holder(path)}; allowed: wait for that run to end "
+        holder = "another process"
+        with contextlib.suppress(OSError):  # who holds it, from what the holder wrote: pid P host H
+            if found := re.match(r"pid (\d+) host (\S+)\n", path.read_text(errors="replace")):
+                holder = f"process {found[1]} on host {found[2]}"
+        raise RunDirLocked(f"run_dir: {run_dir} is in use by {holder}; allowed: wait for that run to end "
                            "(or stop it), or choose another run_dir") from None
     path.write_text(f"pid {os.getpid()} host {socket.gethostname()}\n")
     return RunLock(lock, run_dir)

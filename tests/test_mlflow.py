@@ -187,7 +187,7 @@ def test_unreachable_server_costs_one_quick_failure_and_one_warning(tmp_path, mo
     t = time.perf_counter()
     run = MlflowRun(section, "value_loss", tmp_path, "run", {"seed": 0}, {}, messages.append)
     for generation in range(1, 4):
-        run.log_generation(generation, {"best": 1.0})
+        run.log_metrics({"best": 1.0}, generation)
     run.log_files([__file__], "figures")
     run.finish()
     assert time.perf_counter() - t < 3
