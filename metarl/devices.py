@@ -1,5 +1,4 @@
-"""Devices (docs/devices.md): a CPU device per core (or every local GPU); a ``pop`` mesh splits the population over
-the devices of all processes (joined by ``jax.distributed``), each running the same ask/tell on a replicated state."""
+"""Devices (docs/devices.md): a CPU device per core (or every local GPU); a ``pop`` mesh over all processes'."""
 from __future__ import annotations
 
 import os
@@ -97,21 +96,17 @@ def replicate(tree: Any, mesh: Optional[Any]) -> Any:
     return jax.tree.map(place, tree)
 
 
-def memory_per_device() -> Optional[int]:
-    """Bytes one device can hold: the accelerator's limit, or on CPU the machine's RAM (CPU devices share it)."""
+def memory_share(popsize: int) -> tuple[Optional[int], int]:
+    """``(bytes, members)``: the bytes one device can hold (the accelerator's limit; on CPU the machine's RAM, which
+    CPU devices share) and the members sharing them (a device's share; on CPU all that this host runs)."""
     device = jax.local_devices()[0]
     if device.platform != "cpu":
-        return (device.memory_stats() or {}).get("bytes_limit")
+        return (device.memory_stats() or {}).get("bytes_limit"), -(-popsize // jax.device_count())
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return None
-
-
-def members_per_memory(popsize: int) -> int:
-    """Members sharing one device's memory: a device's share on an accelerator; on CPU all that this host runs."""
-    share = jax.device_count() if jax.local_devices()[0].platform != "cpu" else jax.process_count()
-    return -(-popsize // share)
+        ram = None
+    return ram, -(-popsize // jax.process_count())
 
 
 def _env_int(*names: str) -> Optional[int]:

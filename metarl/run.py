@@ -74,7 +74,7 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
                           "meta-parameters (a fixed one, such as a distilled formula, trains through "
                           "`python -m metarl.evaluate run_dir=RUN_DIR distilled=K` or in code)")
     devices.run_mesh(cfg)
-    check_memory(cfg, task, devices.memory_per_device(), devices.members_per_memory(cfg.es.popsize))
+    check_memory(cfg, task, *devices.memory_share(cfg.es.popsize))
     return task
 
 

@@ -15,7 +15,7 @@ METARL = Path(config_lib.__file__).parent
 # (module, enclosing function) -> what the expression reads.
 ALLOWED_RE_SITES = {
     ("errors", "one_line"): "Hydra's and OmegaConf's messages (their text, not ours)",
-    ("rundir", "_holder"): "the lock file's 'pid P host H'",
+    ("rundir", "acquire"): "the lock file's 'pid P host H'",
     ("logger", "log_results"): "a W&B artifact's name",
     ("logger", "mlflow_store"): "an MLflow tracking URI's scheme",
     ("logger", "log_metrics"): "MLflow's metric names",
