@@ -144,8 +144,7 @@ class RunConfig:
 
 
 def build(tp, data, prefix: str = ""):
-    """``data`` as type ``tp`` (a dataclass from a plain dict: each field checked by its type and constraints), else a
-    ``ConfigError`` naming the field after ``prefix``."""
+    """``data`` as type ``tp``, each field checked, else a ``ConfigError`` naming the field after ``prefix``."""
     with layer_errors(lambda key: prefix + key):
         return validate(tp, data)
 

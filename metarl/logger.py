@@ -191,9 +191,8 @@ def _each(method: str, reverse: bool = False) -> Callable:  # a Logger method: e
 
 
 class Logger:
-    """A run's sinks: the console, ``metrics.jsonl`` and each of ``TRACKERS`` whose ``logger`` section's ``mode`` is
-    not disabled (and, for a ``tuning`` search, that runs during tuning); none if not ``write``: all but the first
-    process of a multi-host run. The end in reverse order, once, as the ``with`` block that holds it ends."""
+    """A run's sinks: the console, ``metrics.jsonl`` and the enabled ``TRACKERS`` (while ``tuning``, those that run
+    then); none if not ``write`` (all but the first process). Each ends in reverse order as the ``with`` block does."""
 
     def __init__(self, run_dir: Path, config: dict, total_generations: int, settings: LoggerSection,
                  write: bool = True, task_names: Optional[list] = None, tuning: bool = False):

@@ -295,8 +295,7 @@ def schedule_figure(progress: np.ndarray, curves: dict, baseline: str) -> Figure
 
 
 def learning_curves_figure(frames: np.ndarray, sides: Sequence[tuple], title: str = "") -> Figure:
-    """Per side (``sides``: label, colour, returns of shape (seeds, updates)), the mean return per update with its
-    95% t-interval."""
+    """Per side (``sides``: label, colour, returns (seeds, updates)), the mean return per update, its 95% t-interval."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
     for label, colour, c in sides:

@@ -1,5 +1,4 @@
-"""What ``metarl.evaluate`` prints: the header, a row per task with each side's final return, the normalised
-scores and tests, the IQMs per split and each side's tuning compute, all read from the report's JSON."""
+"""What ``metarl.evaluate`` prints (docs/results.md), all read from the report's JSON."""
 from __future__ import annotations
 
 from metarl import payoff
@@ -47,10 +46,6 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def _short(label: str) -> str:
-    return label.split(":")[0]
-
-
 def _compute_line(report: dict) -> str:
     """Each side's tuning compute, in trainings."""
     c = report.get("compute", {})
@@ -67,8 +62,8 @@ def _table(report: dict, roles: dict) -> list[str]:
     tests = [(c.test, c.column(roles) if callable(c.column) else c.column or "p " + column[roles[c.a]](roles[c.a]))
              for c in comparisons(roles)]
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
-    cols = {s: max(28, len(_short(s)) + 11) for s in shown}   # a header such as "tuned per task at k=64 [95% CI]"
-    lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<{cols[s]}}" for s in shown)
+    cols = {s: max(28, len(s.split(":")[0]) + 11) for s in shown}   # a header such as "tuned per task at k=64 [95% CI]"
+    lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{s.split(':')[0] + ' [95% CI]':<{cols[s]}}" for s in shown)
              + f"{'random':>8}" + "".join(f"{'norm. ' + column[s](s):>15}" for s in scored)
              + "".join(f"{name:>13}" for _, name in tests)]
     cell = lambda s: f"{s['mean']:.2f} {bracket(s['ci95'], '.2f')}" + (  # noqa: E731
@@ -89,7 +84,7 @@ def _aggregate_lines(report: dict, roles: dict) -> list[str]:
     lines = []
     for name, agg in report["aggregate"].items():
         # each side's IQM where its first comparison has it (as that comparison's challenger or reference)
-        iqms = [f"{_short(label)} {c.of(agg)[key]:.3f} {bracket(c.of(agg)[key + '_ci95'])}"
+        iqms = [f"{label.split(':')[0]} {c.of(agg)[key]:.3f} {bracket(c.of(agg)[key + '_ci95'])}"
                 for label, _, c, key in compared(report["sides"])]
         better = []
         for c in comparisons(roles):

@@ -65,11 +65,10 @@ def best_finite(values: np.ndarray) -> int:
 
 def bootstrap(statistic: Callable[[dict], list], raw: dict, random: np.ndarray, baseline: str, reps: int,
               rng: np.random.RandomState, paired: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """``(statistic(scores), draws)``: ``statistic`` of each side's normalised scores (seeds x tasks: (R - random) /
-    (the baseline's mean - random), a diverged seed 0) and of ``reps`` stratified resamples of every side's raw
-    returns, the baseline's mean that normalises recomputed in each, so its seed noise is in the interval.
-    ``paired``: one draw of seed indices for every side (seed i of each trains from one key), else one per side
-    (whose seeds may then differ in number)."""
+    """``(statistic(scores), draws)``: ``statistic`` of each side's normalised scores (seeds x tasks) and of ``reps``
+    stratified resamples of every side's raw returns, the normalising baseline mean recomputed in each (see
+    docs/results.md).
+    ``paired``: one draw of seed indices for every side, else one per side (whose seeds may then differ in number)."""
     from metarl.outer_loops.fitness import spans
     n, tasks = raw[baseline].shape
 
