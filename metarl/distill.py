@@ -28,6 +28,7 @@ from metarl.errors import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
                                            VALUE_LOSS_INPUTS, Progress, apply_component, formula_function,
                                            parse_formula)
+from metarl.outer_loops import streams
 from metarl.progress import progress
 
 FIGURE = "distill.png"
@@ -104,7 +105,7 @@ def visited_inputs(task, meta, seed: int) -> dict:
     recorder = _Recording(task.component)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
-        args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind.seam: meta})
+        args = (streams.recording(seed, i), {task.kind.seam: meta})
         jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
     value_loss = task.kind is kinds.VALUE_LOSS
@@ -261,7 +262,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
                 raise ConfigError(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
                                   + "".join(f", {s}" for s in steps))
             _, evo = build_evolution(cfg, task=task, mesh=None)
-            state, _ = ckpt.restore(evo.init(jax.random.key(cfg.seed)), generation)
+            state, _ = ckpt.restore(evo.init(streams.evolution(cfg.seed)), generation)
         meta, info = state.best_params, {"generation": generation, "fitness": float(state.best_fitness)}
     try:
         report, problem, visited = fit(task, meta, max_size, seed, evaluations, samples)

@@ -25,21 +25,14 @@ from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.envs import random_policy_return
 from metarl.inner_loops.trainer import frames_per_run
+from metarl.outer_loops import streams
 from metarl.progress import Watchdog, progress
 from metarl.report import comparisons, format_report
 from metarl.rundir import CheckpointError, RunDir
 from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
-EVAL_ROOT = 10_000
 ALPHA = 0.05
 AGGREGATES = ("iqm_learned", "iqm_baseline", "iqm_difference", "probability_of_improvement")
-
-
-def eval_keys(run_seed: int, num_seeds: int):
-    """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000: a stream evolution's
-    ``key(cfg.seed)`` never used). Every side shares the keys (same init and resets): its tests are paired."""
-    root = EVAL_ROOT if run_seed != EVAL_ROOT else EVAL_ROOT + 1
-    return root, jax.vmap(lambda i: jax.random.fold_in(jax.random.key(root), i))(np.arange(num_seeds, dtype=np.uint32))
 
 
 def summarise(final: np.ndarray) -> dict:
@@ -51,7 +44,7 @@ def summarise(final: np.ndarray) -> dict:
 
 def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
     """Two sides' final returns on one task: Welch's and Mann-Whitney's (unpaired) tests and, the test reported, a
-    paired t-test over the seeds finite on both (seed i of every side trains from one key: ``eval_keys``)."""
+    paired t-test over the seeds finite on both (seed i of every side trains from one key: ``streams.evaluation``)."""
     import scipy.stats
     a, b, both = learned[np.isfinite(learned)], baseline[np.isfinite(baseline)], np.isfinite(learned + baseline)
     t, mwu = stats.t_test(a, b), scipy.stats.mannwhitneyu(a, b, alternative="two-sided")
@@ -248,7 +241,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     loaded = _load(run_dir, env, total_timesteps, tasks, distilled, split)
     task = loaded.task
     picks = _add_per_task(loaded, run_dir, per_task, per_task_tunings, per_task_seeds, num_seeds)
-    root, keys = eval_keys(loaded.cfg.seed, num_seeds)
+    root, keys = streams.evaluation(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
     watchdog = Watchdog(loaded.cfg.watchdog, RunDir(run_dir).stacks, "Run the same command again.")
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh, watchdog)

@@ -19,9 +19,8 @@ from metarl.errors import ConfigError
 from metarl.progress import progress
 from metarl.rundir import RunDir
 from metarl.stats import best_finite
+from metarl.outer_loops import streams
 
-# The stream of the run's seed that per-task tunings draw from (evaluate's keys come from key(10000)).
-_STREAM = 0x5EED_0004
 _CHUNK = 64
 
 
@@ -65,7 +64,8 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
                         f"tuning {j} | {points} x {per_task.seeds}")
                 if name not in done:
                     score = score or scorer(hp_task, i, points * per_task.seeds)
-                    done[name] = _tune_once(hp_task.component.names, points, per_task.seeds, _key(cfg.seed, j), score)
+                    key = streams.per_task_tuning(cfg.seed, j)
+                    done[name] = _tune_once(hp_task.component.names, points, per_task.seeds, key, score)
                     if jax.process_index() == 0:
                         run_dir.per_task.write(done)
                 runs.append(done[name])
@@ -73,12 +73,6 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
             picks.append({k: [_pick(hp_task, run, k // per_task.seeds, j) for j, run in enumerate(runs)]
                           for k in per_task.ks})
     return picks
-
-
-def _key(seed: int, tuning: int):
-    """Tuning ``tuning``'s draws and seeds, the same on every task (common random numbers): tasks are compared
-    on the same settings, and a task's tuning does not depend on the list it is evaluated in."""
-    return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _STREAM), 0), tuning)
 
 
 def scorer(hp_task, i: int, agents: int):

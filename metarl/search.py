@@ -19,6 +19,7 @@ from metarl.progress import Watchdog, progress
 from metarl.rundir import RunDir
 from metarl.tasks import Task, build_task
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
+from metarl.outer_loops import streams
 from metarl.outer_loops.fitness import make_aggregate
 
 
@@ -117,7 +118,7 @@ def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[flo
 def search(run: Run, task: Task, evo: Evolution, logger: Logger) -> Searched:
     """Run (or continue) the generations; a stop signal ends it after the one in flight (``Interrupted``)."""
     cfg, run_dir, is_main = run.cfg, run.run_dir, run.writes
-    restored = restore(run_dir, evo.init(jax.random.key(cfg.seed)))
+    restored = restore(run_dir, evo.init(streams.evolution(cfg.seed)))
     logger.catch_up(restored.history)
     history, start = list(restored.history), restored.start
     ckpt = rundir.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)

@@ -20,13 +20,8 @@ from metarl.stats import best_finite, bracket, t_bounds
 from metarl.tasks import Task, build_task, task_specs
 from metarl.inner_loops.envs import random_policy_return
 from metarl.outer_loops.evolution import Evolution
+from metarl.outer_loops import streams
 from metarl.outer_loops.fitness import degenerate, spans, task_key
-
-# Streams of the run's seed for the reference measurements and the final pick; evolution splits
-# key(seed) itself, so folding in a constant gives keys it never uses.
-_BASE_STREAM, _LOW_STREAM, _VALIDATION_STREAM, _TUNINGS_STREAM = 0x5EED_BA5E, 0x5EED_0001, 0x5EED_0002, 0x5EED_0003
-# The tuning search's seed: the run's, with these bits flipped (never the run's own).
-_TUNING_SEED_BITS = 0x7E57_5EED
 
 
 def search_and_pick(run: Run, task: Task, logger: Logger,
@@ -66,7 +61,7 @@ def reference(run: Run, task: Task, message: Callable[[str], None], tuned: Optio
 
 def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], Any] = lambda: None) -> dict:
     """``R_base`` and ``R_low`` per task over ``num_seeds`` seeds, with 95% t-intervals; ``measured()`` after each."""
-    base_keys, low_keys = (_stream_keys(seed, stream, num_seeds) for stream in (_BASE_STREAM, _LOW_STREAM))
+    base_keys, low_keys = (streams.stream(seed, name, num_seeds) for name in ("reference_baseline", "reference_random"))
     stored = {"tasks": task.names, "base": [], "low": [], "base_ci": [], "low_ci": [], "num_seeds": num_seeds,
               "seed": seed}
     for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):  # keys as a member's: task_key(k, i)
@@ -98,7 +93,7 @@ def tuning_config(cfg: RunConfig, run_dir: RunDir, i: int = 0) -> RunConfig:
     es = dataclasses.replace(cfg.es, generations=b.generations or cfg.es.generations, init_mean="init")
     es = config_lib.build(config_lib.ESSection, {**config_lib.to_dict(es), **b.es}, "baseline.es.")
     return dataclasses.replace(cfg, component={"kind": "hyperparams", "search": dict(b.tune)}, es=es,
-                               seed=cfg.seed ^ (_TUNING_SEED_BITS + i), run_dir=str(RunDir(run_dir).tuning(i)),
+                               seed=streams.tuning_seed(cfg.seed, i), run_dir=str(RunDir(run_dir).tuning(i)),
                                baseline=config_lib.BaselineSection())
 
 
@@ -245,7 +240,7 @@ def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, shown: bool) -> tuple[i
     the first tuning's evolution (the searches differ only in their seeds and directories)."""
     n, seeds, evo = cfg.baseline.tunings, tcfg.fitness.validation_seeds, runs[0]["evo"]
     candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *[r["meta"] for r in runs])
-    fitness, per_seed = _rescore(evo, candidates, _stream_keys(tcfg.seed, _TUNINGS_STREAM, seeds),
+    fitness, per_seed = _rescore(evo, candidates, streams.stream(tcfg.seed, "tunings", seeds),
                                  f"{len(runs)} tuned points", shown)
     rescore, chosen = seeds * (1 + evo.paired), best_finite(fitness[:n])
     for r, f, scores in zip(runs, fitness, per_seed):
@@ -259,10 +254,6 @@ def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, shown: bool) -> tuple[i
         spread["matched"] = {"chosen": best_finite(fitness), "hyperparameters": runs[best_finite(fitness)][
             "hyperparameters"], "trainings": sum(r["trainings"] for r in runs) + rescore * len(runs)}
     return chosen, spread, rescore
-
-
-def _stream_keys(seed: int, stream: int, n: int):
-    return jax.random.split(jax.random.fold_in(jax.random.key(seed), stream), n)
 
 
 def _rescore(evo: Evolution, candidates, keys, what: str, shown: bool) -> tuple:
@@ -307,7 +298,7 @@ def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], N
     found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
     top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
     candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
-    keys = _stream_keys(cfg.seed, _VALIDATION_STREAM, cfg.fitness.validation_seeds)
+    keys = streams.stream(cfg.seed, "validation", cfg.fitness.validation_seeds)
     fitness, per_seed = _rescore(evo, candidates, keys, f"{len(found) + 1} candidates", run.shown)
     labels = [f"top {i + 1}" for i in found] + ["search mean"]
     search_fitness = [float(top_fitness[i]) for i in found] + [None]
@@ -318,7 +309,7 @@ def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], N
              "validation_ci95": t_bounds(s), "validation_ci95_best_of": t_bounds(s, level=1 - 0.05 / len(labels))}
             for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
     best = best_finite(fitness)
-    report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
+    report = {"seeds": len(keys), "stream": streams.STREAMS["validation"], "candidates": rows, "picked": labels[best],
               "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
     if run.writes:
         run_dir.write_best(jax.tree.map(lambda x: x[best], candidates), {
