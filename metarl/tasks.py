@@ -52,7 +52,7 @@ def inner_config(cfg: RunConfig, spec: TaskSpec):
         if not callable(getattr(module, "make_train", None)):
             raise ConfigError(f"inner._target_: {config_cls.__module__} has no make_train(config); allowed: a "
                               "config class whose module defines make_train(config) -> train(key, meta_params=None)")
-        envs_lib.build(spec.env, spec.env_args or (), "env" if spec.env_args is None else "env._target_")
+        envs_lib.make(spec.env, spec.env_args or (), "env" if spec.env_args is None else "env._target_")
         env = {"env": spec.env, "env_kwargs": spec.env_args or ()}  # for a config class that takes them
         env = {k: v for k, v in env.items() if k in plugins.constructor_arguments(config_cls)[0]}
         config = plugins.instantiate(target, inner, injected=env)
