@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax.linen.initializers import zeros
 
@@ -63,6 +64,28 @@ def apply_component(component, progress: Progress | None, *args):
 
 
 TEMPORAL_INPUTS = ("progress", "log_updates")
+
+
+class Recording:
+    """A component unchanged, keeping (on the host) the arrays it is applied to and the progress in ``rows``: what
+    training feeds it, as ``metarl.distill`` fits formulas over."""
+
+    def __init__(self, inner):
+        self.inner, self.init, self.rows = inner, inner.init, []
+        self.temporal = getattr(inner, "temporal", False)
+
+    def apply(self, meta_params, *args, progress=None):
+        arrays = [a for a in args if isinstance(a, jax.Array)]  # the config is no array
+        extra = [progress.fraction, progress.log_updates] if progress is not None else []
+        jax.debug.callback(self.record, *arrays, *extra)
+        return apply_component(self.inner, progress, meta_params, *args)
+
+    def record(self, *xs):
+        xs = [np.asarray(x, np.float64) for x in xs]
+        n = xs[0].size
+        idx = np.arange(0, n, max(1, n // 256))  # about 256 per minibatch (evenly strided), to bound memory
+        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
+        self.rows.append(np.stack(cols, axis=1))
 
 
 def _temporal_features(names, progress: Progress, like: jax.Array) -> list:

@@ -26,8 +26,8 @@ from metarl import compilation, kinds, results, rundir
 from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
-                                           VALUE_LOSS_INPUTS, Progress, apply_component, formula_function,
-                                           parse_formula)
+                                           VALUE_LOSS_INPUTS, Progress, Recording, apply_component,
+                                           formula_function, parse_formula)
 from metarl.outer_loops import streams
 from metarl.progress import progress
 
@@ -79,30 +79,9 @@ def function_at(kind, comp, meta, points: dict, config, learned_part: bool = Fal
     return r * a - apply_component(comp, progress, meta, r, a, config)
 
 
-class _Recording:
-    """The learned component unchanged, keeping the arrays it is applied to (and the progress) in ``rows``."""
-
-    def __init__(self, inner):
-        self.inner, self.init, self.rows = inner, inner.init, []
-        self.temporal = getattr(inner, "temporal", False)
-
-    def apply(self, meta_params, *args, progress=None):
-        arrays = [a for a in args if isinstance(a, jax.Array)]  # the config is no array
-        extra = [progress.fraction, progress.log_updates] if progress is not None else []
-        jax.debug.callback(self.record, *arrays, *extra)
-        return apply_component(self.inner, progress, meta_params, *args)
-
-    def record(self, *xs):
-        xs = [np.asarray(x, np.float64) for x in xs]
-        n = xs[0].size
-        idx = np.arange(0, n, max(1, n // 256))  # about 256 per minibatch (evenly strided), to bound memory
-        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
-        self.rows.append(np.stack(cols, axis=1))
-
-
 def visited_inputs(task, meta, seed: int) -> dict:
     """{input: 1-d array} at the seam over one training per task; rows aligned (one sample of a minibatch each)."""
-    recorder = _Recording(task.component)
+    recorder = Recording(task.component)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
         args = (streams.recording(seed, i), {task.kind.seam: meta})
