@@ -23,7 +23,6 @@ import numpy as np
 from metarl import config as config_lib, payoff, results, stats
 from metarl.cli import run_command
 from metarl.errors import ConfigError
-from metarl.inner_loops.envs import random_policy_return
 from metarl.inner_loops.trainer import frames_per_run
 from metarl.outer_loops import streams
 from metarl.progress import Watchdog, progress
@@ -73,6 +72,7 @@ class Loaded:
     info: dict
     sides: list
     formula: Optional[dict] = None   # distill's front entry K, with ``distilled=K``
+    tuned: Optional[dict] = None     # the run's tuned.json
 
     @property
     def roles(self) -> dict:   # each role's side label; per_task: the last side's, the largest k
@@ -122,7 +122,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
         configured = build_task(results.load_config(run_dir, tuned=False), task.specs)
         sides.append(Side("baseline as configured: " + task.kind.baseline(configured.inner_config), "configured",
                           tuple(configured.baselines)))
-    return Loaded(cfg, task, [key(s) in trained_keys for s in task.specs], meta, info, sides, formula)
+    return Loaded(cfg, task, [key(s) in trained_keys for s in task.specs], meta, info, sides, formula, tuned)
 
 
 def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
@@ -136,7 +136,7 @@ def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
     curves, seconds, compile_s = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}, 0.0
     for i, spec in enumerate(task.specs):
         # per side: (returns(key, input), the input per seed)
-        programs = {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()), None)}
+        programs = {"random": (lambda k, x, spec=spec: spec.random_return(k), None)}
         for side in sides:
             inputs = None if side.inputs is None else side.inputs[i]
             programs[side.label] = (lambda k, x, train=side.trainers[i], per_seed=inputs is not None:
@@ -245,7 +245,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     mesh = devices.population_mesh(num_seeds, fit=True)
     watchdog = Watchdog(loaded.cfg.watchdog, RunDir(run_dir).stacks, "Run the same command again.")
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh, watchdog)
-    tuned = RunDir(run_dir).tuned.read()
+    tuned = loaded.tuned
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name,
         "trained_tasks": [s.name for s, t in zip(task.specs, loaded.on_train) if t],
@@ -296,9 +296,9 @@ def _add_per_task(loaded: Loaded, run_dir: Path, ks: list | None, tunings: int, 
 
 def _compute(loaded: Loaded, tuned: Optional[dict]) -> dict:
     """Each side's tuning compute in trainings on the trained-on tasks (one training on all of them counts once)."""
-    from metarl.stages import pick_trainings, trainings
+    from metarl.search import trainings
     tuned = tuned or {"trainings": 0}
-    compute = {"learned": {"search": trainings(loaded.cfg) + pick_trainings(loaded.cfg), "tuning": tuned["trainings"]},
+    compute = {"learned": {"search": trainings(loaded.cfg, pick=True), "tuning": tuned["trainings"]},
                "baseline": {"tuning": tuned.get("matched", tuned)["trainings"]}, "configured": {"tuning": 0}}
     return {role: compute[role] for role in compute if role in loaded.roles}
 

@@ -15,11 +15,10 @@ from metarl.errors import ConfigError
 from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import CheckpointError, RunDir
-from metarl.search import Run, Searched, best_info, build_evolution, search, trainings_per_generation
+from metarl.search import Run, Searched, best_info, build_evolution, search, trainings
 from metarl.stats import best_finite, bracket, t_bounds
 from metarl.tasks import Task, build_task, task_specs
-from metarl.inner_loops.envs import random_policy_return
-from metarl.outer_loops.evolution import Evolution
+from metarl.outer_loops.evolution import Evolution, search_warnings
 from metarl.outer_loops import streams
 from metarl.outer_loops.fitness import degenerate, spans, task_key
 
@@ -66,8 +65,7 @@ def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], An
               "seed": seed}
     for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):  # keys as a member's: task_key(k, i)
         baseline = devices.over_agents(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"])
-        random_play = devices.over_agents(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
-                                                                                      spec.env_args or ()))
+        random_play = devices.over_agents(lambda k, spec=spec, i=i: spec.random_return(task_key(k, i)))
         for name, program, keys in (("base", baseline, base_keys), ("low", random_play, low_keys)):
             values = np.asarray(compilation.compile_program(program, keys)(keys), np.float64)
             values = np.asarray(task.statistic(values)) if name == "base" else values
@@ -95,17 +93,6 @@ def tuning_config(cfg: RunConfig, run_dir: RunDir, i: int = 0) -> RunConfig:
     return dataclasses.replace(cfg, component={"kind": "hyperparams", "search": dict(b.tune)}, es=es,
                                seed=streams.tuning_seed(cfg.seed, i), run_dir=str(RunDir(run_dir).tuning(i)),
                                baseline=config_lib.BaselineSection())
-
-
-def pick_trainings(cfg: RunConfig) -> int:
-    """The agents the final pick trains: the kept members and the mean (and controls), per fresh seed."""
-    return (cfg.fitness.validation_top + 1) * cfg.fitness.validation_seeds * (1 + (cfg.fitness.control == "paired")) \
-        if cfg.fitness.validation_top else 0
-
-
-def trainings(cfg: RunConfig) -> int:
-    """The agents a search trains: members and control, per seed, per generation."""
-    return trainings_per_generation(cfg) * cfg.es.generations
 
 
 def check_tuning(cfg: RunConfig) -> None:
@@ -153,7 +140,7 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     if cfg.baseline.matched and "matched" not in tuned:
         raise ConfigError(f"baseline.matched: true, but {where} tuned no matched baseline; allowed: false, or a run "
                           "tuned with baseline.matched: true")
-    needed = trainings(cfg) + pick_trainings(cfg)
+    needed = trainings(cfg, pick=True)
     if tuned["trainings"] < needed:
         raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
                           f"search's {needed:,}; allowed: a tuning at least as large as the search")
@@ -193,13 +180,14 @@ def tune(run: Run) -> Optional[dict]:
              "fitness": best["fitness"], "fitness_ci95": best["fitness_ci95"],   # the pick's on fresh seeds
              "fitness_ci95_best_of": best["fitness_ci95_best_of"],
              "trainings": sum(r["trainings"] for r in runs[:n]) + rescore * n * (len(runs) > 1),
-             "search_trainings": trainings(cfg) + pick_trainings(cfg), "seed": best["seed"],
+             "search_trainings": trainings(cfg, pick=True), "seed": best["seed"],
              "seconds": sum(r["seconds"] for r in runs), "run_dir": best["run_dir"],
              **spread}
     # every tuning a side uses: the search's start and the evaluation's baseline (matched compute)
     used = sorted({chosen, spread.get("matched", {}).get("chosen", chosen)})
-    tuned["warnings"] = [w for i in used for w in tuning_warnings(cfg.baseline.tune, runs[i]["hyperparameters"],
-                                                                  runs[i]["history"], name=runs[i]["run_dir"])]
+    tuned["warnings"] = [w for i in used for w in search_warnings(cfg.baseline.tune, runs[i]["hyperparameters"],
+                                                                  runs[i]["history"], name=runs[i]["run_dir"],
+                                                                  field=tuning_field)]
     if run.writes:
         run_dir.tuned.write(tuned)
     say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
@@ -261,30 +249,9 @@ def _rescore(evo: Evolution, candidates, keys, what: str, shown: bool) -> tuple:
         return jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(candidates, keys))
 
 
-def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05, name: str = "") -> list[str]:
-    """Signs that a tuning (``name``) has not found its optimum: a value within ``edge`` (of the range, log where it
-    is) of an end, or a population mean rising over the last third of the generations by more than twice its
-    scatter; under 8 generations, too few to judge that (the last third's trend needs 4 points at least)."""
-    found, name = [], name and name + ": "
-    for key, value in values.items():
-        low, high = space[key]["low"], space[key]["high"]
-        scale = np.log if space[key].get("log") else (lambda x: x)
-        where = float((scale(value) - scale(low)) / (scale(high) - scale(low)))
-        if min(where, 1 - where) < edge:
-            end, bound = ("low", low) if where < 0.5 else ("high", high)
-            found.append(f"{name}{key} {value:.4g} lies within {edge:.0%} of its range's {end} end {bound:.4g}; "
-                         f"widen baseline.tune.{key}")
-    means = np.array([r["mean"] for r in history if r.get("mean") is not None], float)
-    last = means[-max(4, len(means) // 3):]
-    if len(means) < 8:
-        found.append(f"{name}{len(means)} generations are too few to judge whether the population mean still rises")
-    else:
-        slope, intercept = np.polyfit(np.arange(len(last)), last, 1)
-        scatter = np.std(last - (slope * np.arange(len(last)) + intercept))
-        if slope * (len(last) - 1) > 2 * scatter and slope > 0:
-            found.append(f"{name}the population mean still rose over the last {len(last)} generations "
-                         f"({last[0]:.3g} -> {last[-1]:.3g}); run longer (baseline.generations)")
-    return found
+def tuning_field(name: str) -> str:
+    """A tuning search's setting as the run's config names it: ``search.lr`` is ``baseline.tune.lr``."""
+    return "baseline." + name.replace("search.", "tune.")
 
 
 def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], None]) -> dict:

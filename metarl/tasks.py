@@ -76,6 +76,10 @@ class TaskSpec:
     path: str          # where it came from in the config, for error messages ("tasks[1]", or "env")
     env_args: tuple | None = None  # ((argument, value), ...) of the {_target_: ...} form; None: a plain name
 
+    def random_return(self, key):
+        """Random play's return on this task from ``key``: the floor a normalised score starts from."""
+        return envs_lib.random_policy_return(self.env, key, self.env_args or ())
+
 
 def task_specs(cfg: RunConfig, field: str = "tasks") -> list[TaskSpec]:
     """``cfg.tasks`` (or ``cfg.eval_tasks``) as TaskSpecs; no ``tasks``: the one task ``env``."""
