@@ -195,9 +195,8 @@ class Evolution:
         self.control_fn = control_fn
         self.paired = paired
         self.keep_top = keep_top
-        if mesh is not None and config.popsize % mesh.size:
-            raise ValueError(f"popsize: {config.popsize} does not divide over {mesh.size} devices; "
-                             f"allowed: a multiple of {mesh.size}")
+        if mesh is not None:
+            check_divides(config.popsize, mesh.size)
         # With a mesh the state stays one fully replicated global array (every process holds the same
         # copy, also in a multi-process run): only the members' evaluation is split over the devices.
         replicated = None
@@ -338,6 +337,16 @@ class Evolution:
     def mean(self, state: EvoState):
         """The search distribution's mean as a pytree shaped like the template."""
         return self.es.get_mean(state.es_state)
+
+
+def check_divides(popsize: int, devices: int) -> None:
+    """``ValueError`` naming ``popsize`` unless the population splits evenly over ``devices`` (padding members
+    would cost compute for nothing)."""
+    if popsize % devices:
+        lower = popsize - popsize % devices
+        near = " or ".join(str(m) for m in (lower, lower + devices) if m)
+        raise ValueError(f"popsize: {popsize} does not divide over {devices} devices; allowed: a multiple of "
+                         f"{devices} (such as {near})")
 
 
 def record(stats: dict, task_names: list[str]) -> dict:
