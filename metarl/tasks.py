@@ -7,14 +7,13 @@ import sys
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from metarl import kinds
 from metarl.config import RunConfig
 from metarl.errors import ConfigError, layer_errors, layer_path
 from metarl.inner_loops import envs as envs_lib, plugins, trainer as trainer_protocol
-from metarl.outer_loops.fitness import statistic_fn, task_key
+from metarl.outer_loops.fitness import statistic_fn, task_scores
 
 # inner.algo -> config class (its module has make_train); imported on use, so only its runs pay the import.
 TRAINERS = {"ppo": "metarl.inner_loops.ppo.PPOConfig", "dqn": "metarl.inner_loops.dqn.DQNConfig",
@@ -164,15 +163,10 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
     template, init_mean, describe_search = kind.start(component, inners[0], cfg.es.init_mean, cfg.seed)
     trainers = [kind.trainer(module, inner, component) for inner in inners]
     baselines = [module.make_train(inner) for inner in inners]
-
-    def score(trains, key):
-        # Every task in one program; task i trains from its own stream of the seed key.
-        return jnp.stack([stat(train(task_key(key, i))[1]["episode_return"]) for i, train in enumerate(trains)])
-
     return Task(kind=kind, algo=algo, component=component, trainer=module, specs=specs, inner_configs=inners,
                 template=template, init_mean=init_mean, statistic=stat, trainers=trainers, baselines=baselines,
-                fitness_fn=lambda meta, key: score([make(meta) for make in trainers], key),
-                control_fn=lambda key: score(baselines, key), describe_search=describe_search,
+                fitness_fn=lambda meta, key: task_scores([make(meta) for make in trainers], stat, key),
+                control_fn=lambda key: task_scores(baselines, stat, key), describe_search=describe_search,
                 frames_per_eval=sum(trainer_protocol.frames_per_run(inner) for inner in inners))
 
 
