@@ -66,6 +66,22 @@ def apply_component(component, progress: Progress | None, *args):
 TEMPORAL_INPUTS = ("progress", "log_updates")
 
 
+def component_at(component, meta_params, inputs: dict, config, value_loss: bool, learned_part: bool = False):
+    """A component at named ``inputs`` (``VALUE_LOSS_INPUTS`` or ``DRIFT_INPUTS``, and ``TEMPORAL_INPUTS`` where it
+    is temporal): a value loss at errors (prediction - target), else the drift r A - objective (``learned_part``:
+    LPO's learned part, where it has one)."""
+    temporal = getattr(component, "temporal", False)
+    progress = Progress(inputs["progress"], inputs["log_updates"]) if temporal else None
+    if value_loss:  # the value and the old one from their errors
+        t = inputs["target"]
+        return apply_component(component, progress, meta_params, t + inputs["error"], t + inputs["old_error"], t,
+                               config)
+    r, a = inputs["ratio"], inputs["advantage"]
+    if learned_part and hasattr(component, "learned_part"):
+        return component.learned_part(meta_params, r, a, progress)
+    return r * a - apply_component(component, progress, meta_params, r, a, config)
+
+
 class Recording:
     """A component unchanged, keeping (on the host) the arrays it is applied to and the progress in ``rows``: what
     training feeds it, as ``metarl.distill`` fits formulas over."""

@@ -26,8 +26,8 @@ from metarl import compilation, kinds, results, rundir
 from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
-                                           VALUE_LOSS_INPUTS, Progress, Recording, apply_component,
-                                           formula_function, parse_formula)
+                                           VALUE_LOSS_INPUTS, Recording, component_at, formula_function,
+                                           parse_formula)
 from metarl.outer_loops import streams
 from metarl.progress import progress
 
@@ -65,18 +65,6 @@ def problem_for(task) -> Problem:
               if hasattr(comp, "learned_part") else "the drift r A - objective")
     return Problem(DRIFT_INPUTS, ("ratio", "advantage") + (TEMPORAL_INPUTS if temporal else ()), fitted,
                    {"ppo_init": ppo_init})
-
-
-def function_at(kind, comp, meta, points: dict, config, learned_part: bool = False):
-    """At ``points``: a value loss, else the drift r A - objective (``learned_part``: LPO's learned part, if any)."""
-    progress = Progress(points["progress"], points["log_updates"]) if getattr(comp, "temporal", False) else None
-    if kind is kinds.VALUE_LOSS:  # the value and the old one from their errors
-        t = points["target"]
-        return apply_component(comp, progress, meta, t + points["error"], t + points["old_error"], t, config)
-    r, a = points["ratio"], points["advantage"]
-    if learned_part and hasattr(comp, "learned_part"):
-        return comp.learned_part(meta, r, a, progress)
-    return r * a - apply_component(comp, progress, meta, r, a, config)
 
 
 def visited_inputs(task, meta, seed: int) -> dict:
@@ -180,7 +168,8 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     recorded_s = time.perf_counter() - t
     points, ranges = sample_points(visited, problem, samples, seed)
     inputs = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
-    y = np.asarray(function_at(task.kind, task.component, meta, inputs, task.inner_config, learned_part=True))
+    y = np.asarray(component_at(task.component, meta, inputs, task.inner_config, task.kind is kinds.VALUE_LOSS,
+                                learned_part=True))
     if not np.all(np.isfinite(y)):
         raise ValueError(f"the learned {task.kind} is not finite where training visits; nothing to fit")
     X = np.stack([points[n] - CENTRES.get(n, 0) for n in problem.variables], axis=1)
@@ -288,8 +277,8 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict, pa
 
     def values(comp, m, pts):
         """Its value and, for a value loss, the per-sample gradient w.r.t. the prediction (moving with the error)."""
-        grad = jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())
-        return function_at(task.kind, comp, m, pts, config), grad(pts["error"]) if value_loss else None
+        grad = jax.grad(lambda e: component_at(comp, m, {**pts, "error": e}, config, value_loss).sum())
+        return component_at(comp, m, pts, config, value_loss), grad(pts["error"]) if value_loss else None
 
     fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]  # each compiled once
 
