@@ -262,9 +262,7 @@ def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], N
         _say_pick(report, message, "picked earlier")
         return report
     top_fitness, top_generation = (np.asarray(jax.device_get(x)) for x in (state.top_fitness, state.top_generation))
-    found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
-    top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
-    candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
+    found, candidates = evo.candidates(state, cfg.fitness.validation_top)
     keys = streams.stream(cfg.seed, "validation", cfg.fitness.validation_seeds)
     fitness, per_seed = _rescore(evo, candidates, keys, f"{len(found) + 1} candidates", run.shown)
     labels = [f"top {i + 1}" for i in found] + ["search mean"]

@@ -338,6 +338,13 @@ class Evolution:
         """The search distribution's mean as a pytree shaped like the template."""
         return self.es.get_mean(state.es_state)
 
+    def candidates(self, state: EvoState, k: int) -> tuple:
+        """``(kept, params)``: which of the ``k`` best members kept have a finite fitness, and their parameters with
+        the search's mean last, host arrays with a leading axis (``rescore``'s candidates)."""
+        kept = np.flatnonzero(np.isfinite(np.asarray(jax.device_get(state.top_fitness))[:k]))
+        top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[kept], state.top_params)
+        return kept, jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, self.mean(state))
+
 
 def check_divides(popsize: int, devices: int) -> None:
     """``ValueError`` naming ``popsize`` unless the population splits evenly over ``devices`` (padding members
