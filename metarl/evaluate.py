@@ -1,9 +1,10 @@
-"""``python -m metarl.evaluate run_dir=RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N] [num_cpu_devices=auto]
-[distilled=K] [per_task=[16,64]] [split=held-out]``: the learned component against the baseline on fresh seeds, on the tasks the run trained on and
-its held-out ``eval_tasks`` (or ``tasks=[...]``, or one ``env``/``total_timesteps``); ``distilled=K`` adds
-formula K of the run's ``metarl.distill`` front as a side. Per task, ``num_seeds`` agents per side (one vmapped,
-jitted call each, split over the devices) and a random policy. Prints the final returns with 95% CIs, the
-normalised score (R - random) / (baseline - random), Welch's p and, per split, the IQM of the normalised scores
+"""``python -m metarl.evaluate run_dir=RUN_DIR [num_seeds=32] [tasks=[...]] [env=ID] [total_timesteps=N]
+[num_cpu_devices=auto] [distilled=K] [per_task=[16,64]] [split=held-out] [sides=[my_pkg.sides.KIND]]``: the learned
+component against the baseline on fresh seeds, on the tasks the run trained on and its held-out ``eval_tasks`` (or
+``tasks=[...]``, or one ``env``/``total_timesteps``); ``distilled=K`` adds formula K of the run's ``metarl.distill``
+front as a side, ``sides=[...]`` side kinds of your own (``metarl.sides``). Per task, ``num_seeds`` agents per side
+(one vmapped, jitted call each, split over the devices) and a random policy. Prints the final returns with 95% CIs,
+the normalised score (R - random) / (baseline - random), Welch's p and, per split, the IQM of the normalised scores
 with stratified-bootstrap CIs and the probability of improvement (``metarl.stats``). Writes the report and its
 figures into the run directory, a suffix per setting so that other settings never overwrite them.
 """
@@ -20,14 +21,15 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from metarl import config as config_lib, payoff, results, stats
+from metarl import payoff, results, stats
 from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.trainer import frames_per_run
 from metarl.outer_loops import streams
 from metarl.progress import Watchdog, progress
-from metarl.report import comparisons, format_report
+from metarl.report import format_report
 from metarl.rundir import CheckpointError, RunDir
+from metarl.sides import DEFAULT, Side, colours, compared, comparisons, get
 from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
 ALPHA = 0.05
@@ -55,34 +57,22 @@ def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
             "winner": "learned" if diff > 0 else "baseline" if diff < 0 else "tie", "significant": bool(p < ALPHA)}
 
 
-@dataclasses.dataclass(frozen=True)
-class Side:
-    label: str
-    role: str            # learned, baseline (the one scores are normalised by), formula, configured or per_task
-    trainers: tuple      # per task: train(key), or with ``inputs`` make(inputs of seed i)(key)
-    inputs: Optional[tuple] = None   # per task, what each seed trains with (leading axis: seeds)
-
-
 @dataclasses.dataclass
 class Loaded:
+    run_dir: Path
     cfg: Any
     task: Any
     on_train: list   # per task: whether the run trained on it
     meta: Any
     info: dict
-    sides: list
-    formula: Optional[dict] = None   # distill's front entry K, with ``distilled=K``
-    tuned: Optional[dict] = None     # the run's tuned.json
-
-    @property
-    def roles(self) -> dict:   # each role's side label; per_task: the last side's, the largest k
-        return {side.role: side.label for side in self.sides}
+    tuned: Optional[dict]
+    sides: list = dataclasses.field(default_factory=list)
 
 
 def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: list | None = None,
-          distilled: int | None = None, split: str = "all") -> Loaded:
-    """Sides: learned, baseline (the tuned one if the run tuned it, then also as configured), formula K of the
-    distilled front. Tasks: ``tasks``, else ``env``/``total_timesteps`` as one, else the run's then ``eval_tasks``."""
+          split: str = "all") -> Loaded:
+    """The run, its export and its tuning (``metarl.sides`` builds the sides). Tasks: ``tasks``, else
+    ``env``/``total_timesteps`` as one, else the run's then ``eval_tasks``."""
     def evaluated(cfg):
         if tasks is not None:
             return task_specs(dataclasses.replace(cfg, tasks=tasks))
@@ -106,23 +96,7 @@ def _load(run_dir: Path, env: str | None, total_timesteps: int | None, tasks: li
         if not tuned:
             raise
         meta, info = None, {}   # a run's tuning without its export (records keep the JSON): the baselines alone
-    sides = [Side(f"learned {task.kind}", "learned", tuple(make(meta) for make in task.trainers))] * (meta is not None)
-    baseline, name = task, "tuned baseline: " if tuned else "baseline: "
-    if tuned and "matched" in tuned:   # tuned with the learned side's tuning and search: the same compute
-        baseline = build_task(config_lib.with_tuned(cfg, tuned["matched"]), task.specs)
-        name = "tuned baseline (matched compute): "
-    sides += [Side(name + task.kind.baseline(baseline.inner_config), "baseline", tuple(baseline.baselines))]
-    formula = None
-    if distilled is not None:
-        from metarl.distill import load_formula
-        formula = load_formula(run_dir, distilled)
-        fixed = build_task(dataclasses.replace(cfg, component=formula["component"]), task.specs)
-        sides.append(Side(f"formula {formula['k']}", "formula", tuple(make({}) for make in fixed.trainers)))
-    if tuned:
-        configured = build_task(results.load_config(run_dir, tuned=False), task.specs)
-        sides.append(Side("baseline as configured: " + task.kind.baseline(configured.inner_config), "configured",
-                          tuple(configured.baselines)))
-    return Loaded(cfg, task, [key(s) in trained_keys for s in task.specs], meta, info, sides, formula, tuned)
+    return Loaded(run_dir, cfg, task, [key(s) in trained_keys for s in task.specs], meta, info, tuned)
 
 
 def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
@@ -165,21 +139,21 @@ def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
 
 
 def aggregate(rows: list[dict], roles: dict, reps: int = 2000) -> dict:
-    """Per comparison (``report.comparisons``), both sides' IQMs of normalised scores, their difference and
+    """Per comparison (``sides.comparisons``), both sides' IQMs of normalised scores, their difference and
     P(a > b), with stratified bootstrap 95% CIs over every side's seeds (paired) and the normalising baseline mean;
     flagged rows (a baseline that does not clear random play) left out, the aggregate with them beside."""
     pairs = comparisons(roles)
 
     def over(rows: list[dict]) -> dict:
         raw = {label: np.stack([r["sides"][label]["final_returns"] for r in rows], axis=1) for label in roles.values()}
-        statistic = lambda n: [v for _, _, a, b in pairs for v in (  # noqa: E731
-            stats.iqm(n[roles[a]]), stats.iqm(n[roles[b]]), stats.iqm(n[roles[a]]) - stats.iqm(n[roles[b]]),
-            stats.probability_of_improvement(n[roles[a]], n[roles[b]]))]
+        statistic = lambda n: [v for c in pairs for v in (  # noqa: E731
+            stats.iqm(n[roles[c.a]]), stats.iqm(n[roles[c.b]]), stats.iqm(n[roles[c.a]]) - stats.iqm(n[roles[c.b]]),
+            stats.probability_of_improvement(n[roles[c.a]], n[roles[c.b]]))]
         point, draws = stats.bootstrap(statistic, raw, np.array([r["random_return"] for r in rows]),
                                        roles["baseline"], reps, np.random.RandomState(0))
         ci, found = stats.percentile(draws), {}
-        for i, (_, key, *_) in enumerate(pairs):   # the challenger's IQM as "learned", the reference's as "baseline"
-            found[key] = {**dict(zip(AGGREGATES, point[4 * i:].tolist())),
+        for i, c in enumerate(pairs):   # the challenger's IQM as "learned", the reference's as "baseline"
+            found[c.part] = {**dict(zip(AGGREGATES, point[4 * i:].tolist())),
                           **dict(zip([n + "_ci95" for n in AGGREGATES], ci[4 * i:]))}
         return {"tasks": len(rows), **found.pop(None, {}), **found}
     kept = [r for r in rows if not r["degenerate"]]
@@ -203,7 +177,7 @@ def restate(report: dict, frames_per_training: Optional[int] = None) -> dict:
         row.update(normalized={label: float(np.mean(v)) for label, v in norm.items()},
                    normalized_ci95={label: stats.t_bounds(v) for label, v in norm.items()},
                    baseline_clears_random_p=float(clears), degenerate=not clears < ALPHA,
-                   **{test: compare(finals[roles[a]], finals[roles[b]]) for test, _, a, b in comparisons(roles)})
+                   **{c.test: compare(finals[roles[c.a]], finals[roles[c.b]]) for c in comparisons(roles)})
     report["aggregate"] = {split: aggregate(rows, roles) for split in ("held-out", "trained-on")
                            if (rows := [r for r in report["tasks"] if r["split"] == split])}
     if "per_task" in report and "learned" in roles:
@@ -214,12 +188,15 @@ def restate(report: dict, frames_per_training: Optional[int] = None) -> dict:
 def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
              total_timesteps: int | None = None, num_cpu_devices: int | str = "auto",
              tasks: list | None = None, distilled: int | None = None, per_task: list | None = None,
-             per_task_tunings: int = 3, per_task_seeds: int = 2, split: str = "all") -> dict:
+             per_task_tunings: int = 3, per_task_seeds: int = 2, split: str = "all",
+             sides: list | None = None) -> dict:
     """The report (also in RUN_DIR/evaluation[SUFFIX].json). ``per_task=[k, ...]``: a side of PPO tuned on each task
     with k trainings (``metarl.pertask``) and, with a learned side and held-out tasks, ``metarl.payoff``'s summary;
     ``split``: the run's tasks of that split alone; ``num_cpu_devices``: as a run's, before JAX starts (after, the
-    devices JAX has). Bad input or an unreadable run: ``ConfigError`` naming the argument, or ``CheckpointError``."""
-    from metarl import compilation, devices, pertask
+    devices JAX has); ``sides``: side kinds beyond ``metarl.sides.DEFAULT``, by name or dotted path. Bad input or an
+    unreadable run: ``ConfigError`` naming the argument, or ``CheckpointError``."""
+    args = dict(locals())   # what the side kinds' build and finish read
+    from metarl import compilation, devices
     if tasks is not None and (env or total_timesteps):
         raise ConfigError("tasks: given with env= or total_timesteps=; allowed: one of the two forms")
     if split not in ("all", "held-out", "trained-on"):
@@ -235,17 +212,17 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     if total_timesteps is not None and total_timesteps <= 0:
         raise ConfigError(f"total_timesteps: {total_timesteps}; allowed: > 0")
     RunDir(run_dir).require_run()
+    extra = [kind for kind in map(get, sides or []) if kind not in DEFAULT]
     compilation.enable_compilation_cache()
     devices.use_cpu_cores(num_cpu_devices)
     run_dir = Path(run_dir)
-    loaded = _load(run_dir, env, total_timesteps, tasks, distilled, split)
-    task = loaded.task
-    picks = _add_per_task(loaded, run_dir, per_task, per_task_tunings, per_task_seeds, num_seeds)
+    loaded = _load(run_dir, env, total_timesteps, tasks, split)
+    task, built = loaded.task, [(kind, kind.build(loaded, args)) for kind in (*DEFAULT, *extra)]
+    loaded.sides = [side for _, group in built for side in group]
     root, keys = streams.evaluation(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
     watchdog = Watchdog(loaded.cfg.watchdog, RunDir(run_dir).stacks, "Run the same command again.")
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh, watchdog)
-    tuned = loaded.tuned
     report = {
         "run_dir": str(run_dir), "kind": task.kind.name,
         "trained_tasks": [s.name for s, t in zip(task.specs, loaded.on_train) if t],
@@ -255,52 +232,25 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "statistic": "mean episode return over all updates (the search's fitness statistic, auc)"
                      if loaded.cfg.fitness.statistic == "auc" else "mean episode return over the last "
                      f"{loaded.cfg.fitness.window:.0%} of updates (the search's fitness statistic)",
-        "normalized": f"(R - random policy) / ({'tuned ' if tuned else ''}baseline mean - random policy), per task",
-        "tuned": tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
-        "tasks": _rows(loaded, curves, seconds), "compile_seconds": compile_s, "compute": _compute(loaded, tuned),
+        "normalized": f"(R - random policy) / ({'tuned ' * bool(loaded.tuned)}baseline mean - random policy), per task",
+        "tuned": loaded.tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
+        "tasks": _rows(loaded, curves, seconds), "compile_seconds": compile_s,
+        # each side's tuning compute in trainings on the trained-on tasks (one training on all of them counts once)
+        "compute": {kind.name: kind.compute(loaded, args) for kind, group in built if group and kind.compute},
     }
-    if picks:
-        pertask.report(report, picks, per_task_tunings, per_task_seeds)
-    if loaded.formula:
-        report["formula"] = {"k": distilled, "label": loaded.roles["formula"],
-                             **{key: loaded.formula[key] for key in ("expression", "size", "nmse", "component")}}
+    # what a kind records beside its sides, and a suffix per setting, so that none overwrites another's files
+    finished = "".join(kind.finish(report, group, args) for kind, group in built if group and kind.finish)
     restate(report, build_task(loaded.cfg).frames_per_eval)
     values = None if loaded.meta is None else task.kind.values(task.component, loaded.meta)  # where it learns such
     if values is not None:
         report["learned_values"] = values
         report["baseline_values"] = {n: float(getattr(task.inner_config, n)) for n in values}
-    # a suffix per setting, so that none overwrites another's files
     suffix = ("_tasks-" + hashlib.sha1("|".join(task.names).encode()).hexdigest()[:8] if tasks is not None else
               (f"_{env}" if env else "") + (f"_{int(task.frames_per_eval)}" if total_timesteps is not None else ""))
-    suffix += (f"_{split}" if split != "all" else "") + (f"_distilled{distilled}" if loaded.formula else "") + (
-        f"_per_task{'-'.join(str(k) for k in report['per_task']['ks'])}" if picks else "")
+    suffix += (f"_{split}" if split != "all" else "") + finished + "".join(f"_{kind.name}" for kind in extra)
     _figures(RunDir(run_dir), loaded, curves, report, suffix)
     report["json"] = str(RunDir(run_dir).evaluation(suffix).write(report))
     return report
-
-
-def _add_per_task(loaded: Loaded, run_dir: Path, ks: list | None, tunings: int, seeds: int, num_seeds: int) -> Optional[list]:
-    """With ``ks``, a side per k of PPO tuned on each task (``metarl.pertask``); the picks per task, per k."""
-    if ks is None:
-        return None
-    from metarl import pertask
-    spec = pertask.PerTask(tuple(sorted(set(ks))), tunings, seeds)
-    spec.check(loaded.cfg, num_seeds)
-    space = {"kind": "hyperparams", "search": dict(loaded.cfg.baseline.tune)}
-    hp = build_task(dataclasses.replace(loaded.cfg, component=space), loaded.task.specs)
-    picks = pertask.tune(loaded.cfg, hp, spec, RunDir(run_dir))
-    loaded.sides += [Side(pertask.label(k), "per_task", tuple(hp.trainers),
-                          tuple(pertask.per_seed(p[k], num_seeds) for p in picks)) for k in spec.ks]
-    return picks
-
-
-def _compute(loaded: Loaded, tuned: Optional[dict]) -> dict:
-    """Each side's tuning compute in trainings on the trained-on tasks (one training on all of them counts once)."""
-    from metarl.search import trainings
-    tuned = tuned or {"trainings": 0}
-    compute = {"learned": {"search": trainings(loaded.cfg, pick=True), "tuning": tuned["trainings"]},
-               "baseline": {"tuning": tuned.get("matched", tuned)["trainings"]}, "configured": {"tuning": 0}}
-    return {role: compute[role] for role in compute if role in loaded.roles}
 
 
 def _rows(loaded: Loaded, curves: dict, seconds: dict) -> list[dict]:
@@ -321,24 +271,25 @@ def _rows(loaded: Loaded, curves: dict, seconds: dict) -> list[dict]:
 def _figures(run_dir: RunDir, loaded: Loaded, curves: dict, report: dict, suffix: str) -> None:
     """Each task's learning curves and, with several tasks, the normalised scores; paths in ``report``."""
     from metarl import plots
-    rows, labels, roles = report["tasks"], [side.label for side in loaded.sides], loaded.roles
+    rows, colour = report["tasks"], colours(report["sides"])
     for i, (spec, row) in enumerate(zip(loaded.task.specs, rows)):
-        n_updates = curves[spec.name][labels[0]].shape[1]
+        shown = [(side.label, colour[side.label], curves[spec.name][side.label]) for side in loaded.sides]
+        n_updates = shown[0][2].shape[1]
         frames = np.arange(1, n_updates + 1) * (row["total_timesteps"] / n_updates)
-        fig = plots.learning_curves_figure(frames, {label: curves[spec.name][label] for label in labels},
-                                           f"{loaded.task.kind} on {spec.name} ({row['split']}): mean and 95% CI "
-                                           f"over {report['num_seeds']} fresh seeds")
+        fig = plots.learning_curves_figure(frames, shown, f"{loaded.task.kind} on {spec.name} ({row['split']}): "
+                                                          f"mean and 95% CI over {report['num_seeds']} fresh seeds")
         name = f"evaluation{suffix}.png" if len(rows) == 1 else f"evaluation{suffix}_task{i}.png"
         row["figure"] = str(plots.save(fig, run_dir.figures / name))
-    if len(rows) > 1 and "learned" in roles:
-        fig = plots.task_scores_figure(rows, report["aggregate"], roles["learned"], roles["baseline"],
-                                       roles.get("formula"), roles.get("configured"))
+    scored = [(label, hue, c.part, key) for label, hue, c, key in compared(report["sides"])]
+    if len(rows) > 1 and any(part is None for _, _, part, _ in scored):   # the split's own comparison: learned's
+        fig = plots.task_scores_figure(rows, report["aggregate"], scored)
         report["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}.png"))
     else:
         report["figure"] = rows[0]["figure"]
     if "per_task" in report:
-        fig = plots.per_task_figure(rows, report["per_task"]["ks"], [s.label for s in loaded.sides if s.role ==
-                                    "per_task"], roles["baseline"], roles.get("learned"))
+        per_task = [(s["label"], colour[s["label"]]) for s in report["sides"] if s["role"] == "per_task"]
+        others = [(s["label"], colour[s["label"]]) for s in report["sides"] if s["role"] != "per_task"]
+        fig = plots.per_task_figure(rows, report["per_task"]["ks"], per_task, others)
         report["per_task"]["figure"] = str(plots.save(fig, run_dir.figures / f"evaluation{suffix}_per_task.png"))
     if report.get("payoff"):
         report["payoff"]["figure"] = str(plots.save(payoff.figure(report["payoff"]),

@@ -294,12 +294,12 @@ def schedule_figure(progress: np.ndarray, curves: dict, baseline: str) -> Figure
     return fig
 
 
-def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") -> Figure:
-    """Per side (``curves``: label -> (seeds, updates)), the mean return per update with its 95% t-interval."""
+def learning_curves_figure(frames: np.ndarray, sides: Sequence[tuple], title: str = "") -> Figure:
+    """Per side (``sides``: label, colour, returns of shape (seeds, updates)), the mean return per update with its
+    95% t-interval."""
     fig = new_figure(7, 4)
     ax = fig.add_subplot()
-    for (label, c), colour in zip(curves.items(), (LEARNED, BASELINE, "tab:green", "tab:red", "tab:purple",
-                                                   "tab:brown", "tab:pink", "0.4")):
+    for label, colour, c in sides:
         c = np.asarray(c, dtype=float)
         low, high = t_interval(c, axis=0)
         ax.fill_between(frames, low, high, color=colour, alpha=0.25, lw=0)
@@ -311,21 +311,13 @@ def learning_curves_figure(frames: np.ndarray, curves: dict, title: str = "") ->
     return fig
 
 
-def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, baseline: str,
-                       formula: Optional[str] = None, configured: Optional[str] = None) -> Figure:
-    """Each task's normalised score per side (``baseline``: the one they are normalised by), and the IQM per split;
-    ``formula``, ``configured``: a distilled formula, the untuned baseline (IQM in those parts of a split)."""
+def task_scores_figure(rows: Sequence[dict], aggregates: dict, sides: Sequence[tuple]) -> Figure:
+    """Each task's normalised score per side (baseline = 1), and the IQM per split; ``sides``: label, colour, and
+    its IQM's part of aggregates[split] (None: the split itself) and key."""
     fig = new_figure(11, 4.2)
     ax, agg = fig.subplots(1, 2, width_ratios=[3, 1])
     x = np.arange(len(rows))
-    # each side: label, colour, and its IQM's part of aggregates[split] (None: the split itself) and key
-    sides = [(learned, LEARNED, None, "iqm_learned"), (baseline, BASELINE, None, "iqm_baseline")]
-    if configured:
-        sides.append((configured, "0.55", "vs_configured", "iqm_baseline"))
-    if formula:
-        sides.append((formula, FORMULA_COLOURS[0], "formula", "iqm_learned"))
-    sides = [(offset, *side) for offset, side in zip(np.linspace(-0.15, 0.15, len(sides)), sides)]
-    for offset, label, color, part, key in sides:
+    for offset, (label, color, part, key) in zip(np.linspace(-0.15, 0.15, len(sides)), sides):
         means = np.array([r["normalized"][label] for r in rows])
         lows, highs = np.array([r["normalized_ci95"][label] for r in rows]).T
         ax.errorbar(x + offset, means, yerr=[means - lows, highs - means], fmt="o", color=color, capsize=3, label=label)
@@ -351,22 +343,24 @@ def task_scores_figure(rows: Sequence[dict], aggregates: dict, learned: str, bas
     return fig
 
 
-def per_task_figure(rows: Sequence[dict], ks: Sequence[int], per_task: Sequence[str], baseline: str,
-                    learned: Optional[str]) -> Figure:
-    """Per task: the final return of PPO tuned on it against its tuning trainings k (``per_task``: a side per k)."""
+def per_task_figure(rows: Sequence[dict], ks: Sequence[int], per_task: Sequence[tuple],
+                    others: Sequence[tuple]) -> Figure:
+    """Per task: the final return of PPO tuned on it against its tuning trainings k (``per_task``: label and colour
+    of a side per k), the ``others`` (label, colour) as bands."""
     fig, axes = _grid(len(rows), 4, 4.2, 3.0, "final return against tuning trainings per task (95% CIs)")
+    per_task, line = [label for label, _ in per_task], per_task[0][1]
     for ax, row in zip(axes, rows):
-        for label, colour in ((baseline, BASELINE), (learned, LEARNED))[:1 + bool(learned)]:
+        for label, colour in others:
             side = row["sides"][label]
             ax.axhspan(*side["ci95"], color=colour, alpha=0.2, lw=0)
             ax.axhline(side["mean"], color=colour, lw=1.5, label=f"{label.split(':')[0]} (no per-task tuning)")
         means = np.array([row["sides"][label]["mean"] for label in per_task])
         lows, highs = np.array([row["sides"][label]["ci95"] for label in per_task]).T
-        ax.errorbar(ks, means, yerr=[means - lows, highs - means], fmt="o-", color="tab:green", capsize=3,
+        ax.errorbar(ks, means, yerr=[means - lows, highs - means], fmt="o-", color=line, capsize=3,
                     label="tuned per task")
         for k in ks:
             spread = [t["mean"] for t in row.get("per_task", {}).get(str(k), [])]
-            ax.plot([k] * len(spread), spread, ".", color="tab:green", alpha=0.6)
+            ax.plot([k] * len(spread), spread, ".", color=line, alpha=0.6)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(ks), [str(k) for k in ks])
         ax.set(xlabel="trainings per tuning (k)", title=row["task"].replace("[", "\n["))

@@ -3,19 +3,8 @@ scores and tests, the IQMs per split and each side's tuning compute, all read fr
 from __future__ import annotations
 
 from metarl import payoff
+from metarl.sides import SIDES, compared, comparisons, in_order
 from metarl.stats import bracket
-
-# Tests run where both sides are evaluated: (row's Welch key, aggregate key or None, challenger, reference).
-COMPARISONS = (("test", None, "learned", "baseline"), ("test_configured", "vs_configured", "learned", "configured"),
-               ("test_formula", "formula", "formula", "baseline"), ("test_per_task", "per_task", "per_task", "baseline"))
-# A run's baselines alone (no learned side): the tuned baseline against the configured one.
-TUNING = ("test_tuning", "tuning", "baseline", "configured")
-
-
-def comparisons(roles) -> list[tuple]:
-    """The ``COMPARISONS`` whose sides are both present, and ``TUNING`` where there is no learned side."""
-    found = [c for c in COMPARISONS if c[2] in roles and c[3] in roles]
-    return found + [TUNING] * ("learned" not in roles and "configured" in roles)
 
 
 def format_report(report: dict) -> str:
@@ -62,40 +51,25 @@ def _short(label: str) -> str:
     return label.split(":")[0]
 
 
-def _in_order(report: dict) -> list[str]:
-    """The sides' labels in the order the table and the closing line show them."""
-    order = ("learned", "formula", "baseline", "per_task", "configured")
-    return [side["label"] for side in sorted(report["sides"], key=lambda side: order.index(side["role"]))]
-
-
 def _compute_line(report: dict) -> str:
     """Each side's tuning compute, in trainings."""
-    c, parts = report.get("compute", {}), []
-    if "learned" in c:
-        parts.append(f"learned {c['learned']['search']:,} (its search and pick)"
-                     + (f" + {c['learned']['tuning']:,} (the tuning it starts from)" if c["learned"]["tuning"] else ""))
-    if c.get("baseline", {}).get("tuning"):
-        parts.append(f"tuned once {c['baseline']['tuning']:,} on the trained-on tasks")
-    if "per_task" in report:
-        parts.append(f"tuned per task k on each evaluated task ({report['per_task']['tunings']} tunings per task here, "
-                     f"{report['per_task']['seeds_per_setting']} seeds per setting)")
-    parts += ["as configured 0"] if "configured" in c else []
-    return "tuning compute in trainings: " + "; ".join(parts)
+    c = report.get("compute", {})
+    return "tuning compute in trainings: " + "; ".join(filter(None, (
+        kind.cost(report, c[kind.name]) for kind in in_order(SIDES.values()) if kind.cost and kind.name in c)))
 
 
 def _table(report: dict, roles: dict) -> list[str]:
     """A row per task: each side's final return, a random policy's, the challengers' normalised scores, each p."""
-    shown = _in_order(report)
-    scored = [s for s in shown if s not in (roles["baseline"], roles.get("configured"))]
-    per_task = [side["label"] for side in report["sides"] if side["role"] == "per_task"]
-    names = {"test": "p vs tuned" if "configured" in roles else "p (paired)", "test_configured": "p vs config",
-             "test_formula": "p formula", TUNING[0]: "p vs config"}
-    tests = [(test, names.get(test) or f"p {roles['per_task'].split()[-1]}") for test, *_ in comparisons(roles)]
+    shown = [side["label"] for side in in_order(report["sides"])]
+    column = {side["label"]: SIDES[side["role"]].column for side in report["sides"]}   # its normalised score's header
+    scored = [s for s in shown if column[s]]
+    # each p's header: its comparison's (roles -> header, or the header), else "p " and its challenger's column
+    tests = [(c.test, c.column(roles) if callable(c.column) else c.column or "p " + column[roles[c.a]](roles[c.a]))
+             for c in comparisons(roles)]
     width = max(12, max(len(r["task"]) for r in report["tasks"]) + 2)
     cols = {s: max(28, len(_short(s)) + 11) for s in shown}   # a header such as "tuned per task at k=64 [95% CI]"
     lines = [f"{'task':<{width}}{'split':<12}" + "".join(f"{_short(s) + ' [95% CI]':<{cols[s]}}" for s in shown)
-             + f"{'random':>8}" + "".join(f"{'norm. ' + _short(s).split()[-1 if s in per_task else 0]:>15}"
-                                          for s in scored)
+             + f"{'random':>8}" + "".join(f"{'norm. ' + column[s](s):>15}" for s in scored)
              + "".join(f"{name:>13}" for _, name in tests)]
     cell = lambda s: f"{s['mean']:.2f} {bracket(s['ci95'], '.2f')}" + (  # noqa: E731
         f" ({s['nonfinite']} diverged)" if s["nonfinite"] else "")
@@ -111,17 +85,15 @@ def _table(report: dict, roles: dict) -> list[str]:
 def _aggregate_lines(report: dict, roles: dict) -> list[str]:
     """Per split, the IQM of each side's normalised scores, the differences and probabilities of improvement, and
     the differences with the flagged tasks beside."""
-    named = {role: "learned" if role == "learned" else _short(label) for role, label in roles.items()}
+    named = {role: SIDES[role].short(label) for role, label in roles.items()}
     lines = []
     for name, agg in report["aggregate"].items():
-        iqms, better = [], []
-        for _, key, a, b in comparisons(roles):
-            v, w = (agg, agg.get("with_left_out")) if key is None else (agg[key], agg.get("with_left_out", {}).get(key))
-            # the sides whose IQMs this comparison adds: both (the first, or TUNING's two baselines), else the new one
-            added = ([(a, "learned"), (b, "baseline")] if key in (None, TUNING[1])
-                     else [(b, "baseline")] if a == "learned" else [(a, "learned")])
-            iqms += [f"{_short(roles[side])} {v[f'iqm_{which}']:.3f} {bracket(v[f'iqm_{which}_ci95'])}"
-                     for side, which in added]
+        # each side's IQM where its first comparison has it (as that comparison's challenger or reference)
+        iqms = [f"{_short(label)} {c.of(agg)[key]:.3f} {bracket(c.of(agg)[key + '_ci95'])}"
+                for label, _, c, key in compared(report["sides"])]
+        better = []
+        for c in comparisons(roles):
+            v, w, a, b = c.of(agg), c.of(agg.get("with_left_out") or {}), c.a, c.b   # w: with the flagged tasks
             better.append(f"{named[a]} - {named[b]} {v['iqm_difference']:+.3f} "
                           f"{bracket(v['iqm_difference_ci95'], '+.3f')}"
                           + (f" (flagged in: {w['iqm_difference']:+.3f} {bracket(w['iqm_difference_ci95'], '+.3f')})"
@@ -130,5 +102,5 @@ def _aggregate_lines(report: dict, roles: dict) -> list[str]:
         left_out = f"; {', '.join(agg['left_out'])} flagged, left out" if agg.get("left_out") else ""
         lines += [f"{name} ({agg['tasks']} task(s){left_out}), IQM of normalised scores: " + ", ".join(iqms),
                   "    " + "; ".join(better)]
-    return lines + ["(sides: " + "; ".join(_in_order(report)) + "; stratified bootstrap CIs over every side's seeds, "
-                    "resampled jointly (paired), and the normalising baseline mean)"]
+    return lines + ["(sides: " + "; ".join(s["label"] for s in in_order(report["sides"])) + "; stratified bootstrap "
+                    "CIs over every side's seeds, resampled jointly (paired), and the normalising baseline mean)"]

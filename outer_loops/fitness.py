@@ -49,9 +49,20 @@ def spans(reference: dict) -> np.ndarray:
     return np.where(gap > 1e-6, gap, 1.0).astype(np.float32)
 
 
-def degenerate(reference: dict) -> list[str]:
-    """Tasks whose baseline does not beat random play: their normalised score has no meaning."""
-    return [n for n, b, lo in zip(reference["tasks"], reference["base"], reference["low"]) if not b > lo]
+def degenerate(reference: dict, alpha: float = 0.05) -> list[str]:
+    """Tasks whose baseline does not clear random play beyond noise (one-sided Welch p >= ``alpha``, as
+    ``metarl.evaluate`` flags a pair): their normalised score has no scale. Each side's spread is read back
+    from its stored 95% t-interval over ``num_seeds`` seeds; a reference stored with means alone compares
+    the means."""
+    if "base_ci" not in reference:
+        return [n for n, b, lo in zip(reference["tasks"], reference["base"], reference["low"]) if not b > lo]
+    import scipy.stats
+    n = reference["num_seeds"]
+    sd = lambda ci: (ci[1] - ci[0]) / (2 * scipy.stats.t.ppf(0.975, n - 1)) * math.sqrt(n)  # noqa: E731
+    return [name for name, b, lo, b_ci, lo_ci in zip(reference["tasks"], reference["base"], reference["low"],
+                                                     reference["base_ci"], reference["low_ci"])
+            if not scipy.stats.ttest_ind_from_stats(b, max(sd(b_ci), 1e-12), n, lo, max(sd(lo_ci), 1e-12), n,
+                                                    equal_var=False, alternative="greater").pvalue < alpha]
 
 
 def normalize(raw, reference: Optional[dict]):

@@ -195,3 +195,13 @@ def test_multi_task_run_killed_and_resumed_equals_the_straight_run(tmp_path, str
     assert ma["generation"] == mb["generation"] == 5
     for x, y in zip(jax.tree.leaves(sa.es_state), jax.tree.leaves(sb.es_state)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_a_baseline_within_noise_of_random_play_is_flagged():
+    """The reference's intervals decide, as evaluate's one-sided Welch test does: a baseline mean above random
+    play's by less than the seeds' scatter is flagged; the same gap with tight intervals is not."""
+    noisy = {"tasks": ["x"], "base": [25.0], "low": [22.0], "base_ci": [[15.0, 35.0]], "low_ci": [[21.0, 23.0]],
+             "num_seeds": 8}
+    tight = {**noisy, "base_ci": [[24.0, 26.0]]}
+    assert degenerate(noisy) == ["x"] and degenerate(tight) == []
+    assert degenerate({**tight, "base": [21.0], "base_ci": [[20.0, 22.0]]}) == ["x"]   # below random play

@@ -17,6 +17,7 @@ import pytest
 
 from clihelp import TINY, evolve, start_and_kill_after
 from metarl.rundir import RunDir
+from metarl.stats import bracket
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -61,6 +62,11 @@ def test_the_tuned_point_is_used_by_fitness_control_and_evaluate(tuned_run):
     assert tuned["spread"]["lr"] == sorted([first["hyperparameters"]["lr"], second["hyperparameters"]["lr"]])
     assert tuned["trainings"] == first["trainings"] + second["trainings"] + 2 * 4 * 2  # the fresh seeds' too
     assert "the best of 2 tunings on 4 fresh seeds" in output and "tune-2" in output
+    # each tuning's interval adjusted for the choice of the best of 2 (Bonferroni): wider, and the one printed
+    for t in tuned["tunings"]:
+        assert t["fresh_ci95_best_of"][0] <= t["fresh_ci95"][0] <= t["fresh_ci95"][1] <= t["fresh_ci95_best_of"][1]
+        assert f"{t['run_dir']} {t['fresh_fitness']:.3f} {bracket(t['fresh_ci95_best_of'])}" in output
+    assert "(adjusted for the best of 2); tune" in output
     assert "tuned baseline: lr" in output
     # The learned part starts from the tuned values; the normalised fitness scores against the tuned PPO.
     cfg, task = results.load_run(run_dir)
