@@ -36,6 +36,8 @@ import numpy as np
 import optax
 from flax.linen.initializers import zeros
 
+from metarl.inner_loops.errors import SettingError
+
 
 class Component(Protocol):
     def init(self, key: jax.Array) -> Any: ...
@@ -173,7 +175,7 @@ def _check_hidden(hidden) -> tuple:
     hidden = tuple(hidden) if isinstance(hidden, (list, tuple)) else hidden
     if (not isinstance(hidden, tuple) or not hidden
             or any(not isinstance(h, int) or isinstance(h, bool) or h <= 0 for h in hidden)):
-        raise ValueError(f"hidden: {hidden!r}; allowed: a non-empty list of positive integers")
+        raise SettingError("hidden", repr(hidden), "a non-empty list of positive integers")
     return hidden
 
 
@@ -197,8 +199,8 @@ class MLPValueLoss:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         bad = [i for i in self.inputs if i not in VALUE_LOSS_INPUTS]
         if bad or not self.inputs:
-            raise ValueError(f"inputs: {list(self.inputs)!r}; allowed: a non-empty subset of "
-                             f"{', '.join(VALUE_LOSS_INPUTS)}")
+            raise SettingError("inputs", repr(list(self.inputs)),
+                               f"a non-empty subset of {', '.join(VALUE_LOSS_INPUTS)}")
 
     @property
     def net(self):
@@ -250,7 +252,7 @@ class LPODrift:
         object.__setattr__(self, "inputs", tuple(self.inputs))
         bad = [i for i in self.inputs if i not in TEMPORAL_INPUTS]
         if bad:
-            raise ValueError(f"inputs: {list(self.inputs)!r}; allowed: a subset of {', '.join(TEMPORAL_INPUTS)}")
+            raise SettingError("inputs", repr(list(self.inputs)), f"a subset of {', '.join(TEMPORAL_INPUTS)}")
 
     @property
     def temporal(self) -> bool:
@@ -293,22 +295,23 @@ def parse_formula(expression, allowed: tuple, field: str = "expression"):
         from sympy.core.function import AppliedUndef
         from sympy.parsing.sympy_parser import parse_expr
     except ImportError:
-        raise ValueError(f"{field}: a formula needs sympy; allowed: after `pip install metarl[distill]`") from None
+        raise SettingError(field, "a formula needs sympy", "after `pip install metarl[distill]`") from None
     if not isinstance(expression, str) or not expression.strip():
-        raise ValueError(f"{field}: {expression!r}; allowed: a formula of {', '.join(allowed)} as text")
+        raise SettingError(field, repr(expression), f"a formula of {', '.join(allowed)} as text")
     symbols = {name: sympy.Symbol(name, real=True) for name in allowed}
     try:
         expr = sympy.sympify(parse_expr(expression, local_dict=symbols))
     except Exception as err:  # sympy's parser raises many types for text that is no formula
-        raise ValueError(f"{field}: {expression!r} is not a formula ({type(err).__name__}); allowed: a formula "
-                         f"of {', '.join(allowed)} such as 0.5*error**2") from None
+        raise SettingError(field, f"{expression!r} is not a formula ({type(err).__name__})",
+                           f"a formula of {', '.join(allowed)} such as 0.5*error**2") from None
     unknown = sorted({str(s) for s in expr.free_symbols} - set(allowed))
     undefined = sorted({type(f).__name__ for f in expr.atoms(AppliedUndef)})
     if unknown or undefined or not isinstance(expr, sympy.Expr):
         what = f"unknown variable {unknown[0]}" if unknown else (
             f"unknown function {undefined[0]}" if undefined else "not a number-valued formula")
-        raise ValueError(f"{field}: {expression!r} has {what}; allowed: a formula of {', '.join(allowed)} "
-                         "with sympy's functions (exp, log, tanh, Abs, sqrt, Max, Min, ...)")
+        raise SettingError(field, f"{expression!r} has {what}",
+                           f"a formula of {', '.join(allowed)} "
+                           "with sympy's functions (exp, log, tanh, Abs, sqrt, Max, Min, ...)")
     return expr
 
 
@@ -442,7 +445,7 @@ class DriftFamily:
 
     def __post_init__(self):
         if self.baseline not in DRIFT_BASELINES:
-            raise ValueError(f"baseline: {self.baseline!r}; allowed: {', '.join(DRIFT_BASELINES)}")
+            raise SettingError("baseline", repr(self.baseline), ", ".join(DRIFT_BASELINES))
 
     @property
     def temporal(self) -> bool:
@@ -557,9 +560,9 @@ class LearnedSchedules:
     def __post_init__(self):
         unknown = [f for f in self.fields if f not in SCHEDULED_FIELDS]
         if unknown or not self.fields:
-            raise ValueError(f"fields: {list(self.fields)!r}; allowed: one or more of {', '.join(SCHEDULED_FIELDS)}")
+            raise SettingError("fields", repr(list(self.fields)), f"one or more of {', '.join(SCHEDULED_FIELDS)}")
         if not (isinstance(self.degree, int) and 0 <= self.degree <= 4):
-            raise ValueError(f"degree: {self.degree!r}; allowed: an integer from 0 to 4")
+            raise SettingError("degree", repr(self.degree), "an integer from 0 to 4")
 
     def init(self, key):
         return {field: jnp.zeros((self.degree + 1,)) for field in self.fields}
@@ -589,9 +592,9 @@ class AdaptiveSchedules:
     def __post_init__(self):
         unknown = [f for f in self.fields if f not in SCHEDULED_FIELDS]
         if unknown or not self.fields:
-            raise ValueError(f"fields: {list(self.fields)!r}; allowed: one or more of {', '.join(SCHEDULED_FIELDS)}")
+            raise SettingError("fields", repr(list(self.fields)), f"one or more of {', '.join(SCHEDULED_FIELDS)}")
         if not self.kl_ref > 0:
-            raise ValueError(f"kl_ref: {self.kl_ref!r}; allowed: a number > 0")
+            raise SettingError("kl_ref", repr(self.kl_ref), "a number > 0")
 
     def init(self, key):
         return {field: jnp.zeros((4,)) for field in self.fields}
@@ -645,11 +648,11 @@ class HorizonController:
     def __post_init__(self):
         unknown = [f for f in self.fields if f not in SCHEDULED_FIELDS]
         if isinstance(self.fields, str) or unknown or not self.fields:
-            raise ValueError(f"fields: {list(self.fields)!r}; allowed: one or more of {', '.join(SCHEDULED_FIELDS)}")
+            raise SettingError("fields", repr(list(self.fields)), f"one or more of {', '.join(SCHEDULED_FIELDS)}")
         if isinstance(self.ref_updates, bool) or not isinstance(self.ref_updates, int) or self.ref_updates < 1:
-            raise ValueError(f"ref_updates: {self.ref_updates!r}; allowed: an integer >= 1")
+            raise SettingError("ref_updates", repr(self.ref_updates), "an integer >= 1")
         if isinstance(self.kl_ref, bool) or not isinstance(self.kl_ref, (int, float)) or not self.kl_ref > 0:
-            raise ValueError(f"kl_ref: {self.kl_ref!r}; allowed: a number > 0")
+            raise SettingError("kl_ref", repr(self.kl_ref), "a number > 0")
 
     def init(self, key):
         return {field: jnp.zeros((len(self.FEATURES),)) for field in self.fields}

@@ -14,6 +14,9 @@ import jax
 import numpy as np
 from flax import struct
 
+from metarl.inner_loops.errors import SettingError
+from metarl.inner_loops.schema import INT32_MAX
+
 
 def static(default: Any) -> Any:
     return struct.field(pytree_node=False, default=default)
@@ -27,14 +30,12 @@ def concrete(x: Any) -> Optional[float]:
     return float(arr) if arr.ndim == 0 else None
 
 
-# Sizes and budgets end up as int32 inside JAX (loop bounds, array shapes, step counters).
-INT32_MAX = 2**31 - 1
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> None:
     if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
             or not minimum <= value <= INT32_MAX):
-        raise ValueError(f"{name}: {value!r}; allowed: an integer from {minimum} to {INT32_MAX}")
+        raise SettingError(name, repr(value), f"an integer from {minimum} to {INT32_MAX}")
 
 
 _ALLOWED = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
@@ -59,7 +60,7 @@ def check_types(config: Any) -> None:
         kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
         value = getattr(config, field.name)
         if kind in _ALLOWED and not _type_ok(kind, value):
-            raise ValueError(f"{field.name}: {value!r}; allowed: {_ALLOWED[kind]}")
+            raise SettingError(field.name, repr(value), _ALLOWED[kind])
 
 
 def check_range(name: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
@@ -73,7 +74,7 @@ def check_range(name: str, value: Any, low: Optional[float] = None, high: Option
     if too_low or too_high or not np.isfinite(v):
         lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
         hi = "" if high is None else f"<= {high}"
-        raise ValueError(f"{name}: {v!r}; allowed: {' and '.join(s for s in (lo, hi) if s) or 'a finite number'}")
+        raise SettingError(name, repr(v), " and ".join(s for s in (lo, hi) if s) or "a finite number")
 
 
 def with_overrides(config: Any, meta_params: Optional[dict], allowed: tuple) -> Any:
@@ -83,5 +84,5 @@ def with_overrides(config: Any, meta_params: Optional[dict], allowed: tuple) -> 
         return config
     unknown = set(meta_params) - set(allowed)
     if unknown:
-        raise ValueError(f"meta_params: unknown keys {sorted(unknown)}; allowed: {', '.join(allowed)}")
+        raise SettingError("meta_params", f"unknown keys {sorted(unknown)}", ", ".join(allowed))
     return config.replace(**meta_params)

@@ -47,6 +47,7 @@ from metarl.inner_loops.config_checks import check_range as _check_range
 from metarl.inner_loops.config_checks import check_types as _check_types
 from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.config_checks import static as _static
+from metarl.inner_loops.errors import SettingError
 
 EPSILON_SCHEDULES = ("linear", "inverse")
 LOSSES = ("mse", "huber")
@@ -120,30 +121,26 @@ class DQNConfig:
         _check_types(self)
         envs.check_discrete_actions(self.env, dict(self.env_kwargs), "DQN")
         if self.epsilon_schedule not in EPSILON_SCHEDULES:
-            raise ValueError(
-                f"epsilon_schedule: unknown {self.epsilon_schedule!r}; allowed: {', '.join(EPSILON_SCHEDULES)}"
-            )
+            raise SettingError("epsilon_schedule", f"unknown {self.epsilon_schedule!r}",
+                               ", ".join(EPSILON_SCHEDULES))
         if self.loss not in LOSSES:
-            raise ValueError(f"loss: unknown {self.loss!r}; allowed: {', '.join(LOSSES)}")
+            raise SettingError("loss", f"unknown {self.loss!r}", ", ".join(LOSSES))
         for name in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "target_update_period",
                      "log_interval", "unroll"):
             _check_positive_int(name, getattr(self, name))
         _check_positive_int("learning_starts", self.learning_starts, minimum=0)
         if not self.hidden or any(not isinstance(h, int) or h < 1 for h in self.hidden):
-            raise ValueError(f"hidden: {self.hidden!r} must be a non-empty tuple of positive ints; allowed: e.g. (64, 64)")
+            raise SettingError("hidden", f"{self.hidden!r} must be a non-empty tuple of positive ints",
+                               "e.g. (64, 64)")
         if self.log_interval % self.num_envs:
-            raise ValueError(
-                f"log_interval: {self.log_interval} is not a multiple of num_envs={self.num_envs}; allowed: k * num_envs"
-            )
+            raise SettingError("log_interval", f"{self.log_interval} is not a multiple of num_envs={self.num_envs}",
+                               "k * num_envs")
         if self.total_timesteps % self.log_interval:
-            raise ValueError(
-                f"total_timesteps: {self.total_timesteps} is not a multiple of log_interval={self.log_interval}; "
-                "allowed: k * log_interval"
-            )
+            raise SettingError("total_timesteps", f"{self.total_timesteps} is not a multiple of "
+                               f"log_interval={self.log_interval}", "k * log_interval")
         if self.buffer_size % self.num_envs:
-            raise ValueError(
-                f"buffer_size: {self.buffer_size} is not a multiple of num_envs={self.num_envs}; allowed: k * num_envs"
-            )
+            raise SettingError("buffer_size", f"{self.buffer_size} is not a multiple of num_envs={self.num_envs}",
+                               "k * num_envs")
         for name in ("gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_fraction"):
             _check_range(name, getattr(self, name), low=0.0, high=1.0)
         for name in ("lr", "epsilon_decay_rate", "adam_eps"):

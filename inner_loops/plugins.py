@@ -16,14 +16,16 @@ import importlib
 import inspect
 from typing import Any, Callable
 
+from metarl.inner_loops.errors import SettingError
+
 TARGET = "_target_"
 
 
 def locate(path: Any, field: str = TARGET) -> Any:
     """The object at the dotted ``path``; ``field`` names the setting in the error."""
-    allowed = "allowed: the dotted path of an importable class, such as my_pkg.module.MyClass"
+    allowed = "the dotted path of an importable class, such as my_pkg.module.MyClass"
     if not isinstance(path, str) or "." not in path.strip("."):
-        raise ValueError(f"{field}: {path!r}; {allowed}")
+        raise SettingError(field, repr(path), allowed)
     parts = path.split(".")
     module, error = None, None
     for i in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
@@ -33,18 +35,18 @@ def locate(path: Any, field: str = TARGET) -> Any:
             error = error or err
             continue
         except Exception as err:  # the module exists but fails on import
-            raise ValueError(f"{field}: {path!r} cannot be imported ({type(err).__name__}: "
-                              f"{_first_line(err)}); {allowed}") from None
+            raise SettingError(field, f"{path!r} cannot be imported ({type(err).__name__}: "
+                               f"{_first_line(err)})", allowed) from None
         obj = module
         try:
             for name in parts[i:]:
                 obj = getattr(obj, name)
         except AttributeError:
-            raise ValueError(f"{field}: {path!r} cannot be imported ({'.'.join(parts[:i])} has no "
-                              f"{'.'.join(parts[i:])}); {allowed}") from None
+            raise SettingError(field, f"{path!r} cannot be imported ({'.'.join(parts[:i])} has no "
+                               f"{'.'.join(parts[i:])})", allowed) from None
         return obj
-    raise ValueError(f"{field}: {path!r} cannot be imported (ModuleNotFoundError: {_first_line(error)}); "
-                      f"{allowed}")
+    raise SettingError(field, f"{path!r} cannot be imported (ModuleNotFoundError: {_first_line(error)})",
+                       allowed)
 
 
 def constructor_arguments(cls: Any) -> tuple[list[str], bool]:
@@ -78,18 +80,18 @@ def instantiate(path: str, args: dict, field: str = TARGET, arg_field: str | Cal
     name_of = arg_field if callable(arg_field) else (lambda key: f"{arg_field}{key}")
     cls = locate(path, field)
     if not callable(cls):
-        raise ValueError(f"{field}: {path!r} is not a class; allowed: the dotted path of a class")
+        raise SettingError(field, f"{path!r} is not a class", "the dotted path of a class")
     names, any_kwargs = constructor_arguments(cls)
     injected = dict(injected or {})
     for key in args:
         if key in reserved or key in injected:
-            raise ValueError(f"{name_of(key)}: set by metarl, not by the config; allowed: "
-                              f"{', '.join(n for n in names if n not in injected and n not in reserved) or 'none'}")
+            raise SettingError(name_of(key), "set by metarl, not by the config",
+                               ", ".join(n for n in names if n not in injected and n not in reserved) or "none")
         if not any_kwargs and key not in names:
             allowed = [n for n in names if n not in injected and n not in reserved]
             close = difflib.get_close_matches(key, allowed, n=1)
-            raise ValueError(f"{name_of(key)}: not an argument of {path}; allowed: {', '.join(allowed) or 'none'}"
-                             + (f" (did you mean {close[0]}?)" if close else ""))
+            raise SettingError(name_of(key), f"not an argument of {path}",
+                               (", ".join(allowed) or "none") + (f" (did you mean {close[0]}?)" if close else ""))
     # Hydra builds the class with the config's arguments (a nested `_target_` among them is built
     # too); lists are handed over as tuples afterwards, since Hydra would turn them back into lists and
     # static config fields must be hashable, and metarl's own objects (templates, optimizers) go in
@@ -105,12 +107,10 @@ def instantiate(path: str, args: dict, field: str = TARGET, arg_field: str | Cal
         cause = err
     if isinstance(cause, AssertionError):
         raise cause
-    message = _first_line(cause)
-    if isinstance(cause, ValueError) and ":" in message.split(";")[0]:
-        # The class names its own argument first ("hidden: ...; allowed: ..."), as metarl's do.
-        key, _, rest = message.partition(":")
-        raise ValueError(f"{name_of(key)}:{rest}") from None
-    raise ValueError(f"{field}: {path} failed to build ({type(cause).__name__}: {message})") from None
+    setting = SettingError.of(cause) if isinstance(cause, ValueError) else None
+    if setting is not None and setting.field:   # the class names its own argument
+        raise setting.at(name_of(setting.field)) from None
+    raise SettingError(field, f"{path} failed to build ({type(cause).__name__}: {_first_line(cause)})") from None
 
 
 def _first_line(err: BaseException | None) -> str:

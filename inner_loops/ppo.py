@@ -64,6 +64,7 @@ from metarl.inner_loops.networks import (
     gaussian_entropy,
     gaussian_log_prob,
 )
+from metarl.inner_loops.errors import SettingError
 
 
 @struct.dataclass
@@ -131,18 +132,16 @@ class PPOConfig:
                      "unroll"):
             _check_positive_int(name, getattr(self, name))
         if self.total_timesteps < self.batch_size:
-            raise ValueError(
-                f"total_timesteps: {self.total_timesteps} is less than one update of "
-                f"num_envs * num_steps = {self.batch_size}; allowed: >= {self.batch_size}")
+            raise SettingError("total_timesteps", f"{self.total_timesteps} is less than one update of "
+                               f"num_envs * num_steps = {self.batch_size}", f">= {self.batch_size}")
         if self.batch_size % self.num_minibatches:
-            raise ValueError(
-                f"num_minibatches: {self.num_minibatches} does not divide the batch of "
-                f"num_envs * num_steps = {self.batch_size}; allowed: a divisor of {self.batch_size}")
+            raise SettingError("num_minibatches", f"{self.num_minibatches} does not divide the batch of "
+                               f"num_envs * num_steps = {self.batch_size}", f"a divisor of {self.batch_size}")
         if not self.hidden or any(not isinstance(h, (int, np.integer)) or h <= 0
                                         for h in self.hidden):
-            raise ValueError(f"hidden: {self.hidden!r}; allowed: a non-empty tuple of positive ints")
+            raise SettingError("hidden", repr(self.hidden), "a non-empty tuple of positive ints")
         if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation: {self.activation!r}; allowed: {', '.join(ACTIVATIONS)}")
+            raise SettingError("activation", repr(self.activation), ", ".join(ACTIVATIONS))
         _check_range("lr", self.lr, low=0.0, low_open=True)
         _check_range("gamma", self.gamma, low=0.0, high=1.0)
         _check_range("gae_lambda", self.gae_lambda, low=0.0, high=1.0)
@@ -315,7 +314,7 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
     # carried, so PPO without such a schedule is the same program as before they existed.
     observes = tuple(getattr(schedule, "observes", ())) if adaptive else ()
     if any(name not in OPTIONAL_OBSERVED for name in observes):
-        raise ValueError(f"schedule.observes: {list(observes)!r}; allowed: some of {', '.join(OPTIONAL_OBSERVED)}")
+        raise SettingError("schedule.observes", repr(list(observes)), f"some of {', '.join(OPTIONAL_OBSERVED)}")
     if continuous:
         action_space = env.action_space(env_params)
         low = jnp.broadcast_to(jnp.asarray(action_space.low, jnp.float32), (network.action_dim,))
@@ -499,8 +498,8 @@ def make_agent(config: PPOConfig):
     elif isinstance(action_space, spaces.Discrete):
         continuous, action_dim = False, int(action_space.n)
     else:
-        raise ValueError(f"env: {config.env!r} has a {type(action_space).__name__} action space; "
-                         "allowed: Discrete or Box")
+        raise SettingError("env", f"{config.env!r} has a {type(action_space).__name__} action space",
+                           "Discrete or Box")
     network = ActorCritic(action_dim, continuous, tuple(config.hidden), config.activation)
     return env, env_params, network
 

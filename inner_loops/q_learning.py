@@ -38,6 +38,7 @@ from metarl.inner_loops.config_checks import check_range as _check_range
 from metarl.inner_loops.config_checks import check_types as _check_types
 from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.config_checks import static as _static
+from metarl.inner_loops.errors import SettingError
 
 ALGORITHMS = ("q_learning", "expected_sarsa")
 # Float hyperparameters: pytree leaves that evolution (or vmap) may vary without recompiling.
@@ -80,14 +81,12 @@ class QLearningConfig:
         _check_types(self)
         envs.check_tabular(self.env, dict(self.env_kwargs), "Q-learning")
         if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm: unknown {self.algorithm!r}; allowed: {', '.join(ALGORITHMS)}")
+            raise SettingError("algorithm", f"unknown {self.algorithm!r}", ", ".join(ALGORITHMS))
         for name in ("total_timesteps", "log_interval", "unroll"):
             _check_positive_int(name, getattr(self, name))
         if self.total_timesteps % self.log_interval:
-            raise ValueError(
-                f"total_timesteps: {self.total_timesteps} is not a multiple of log_interval={self.log_interval}; "
-                "allowed: k * log_interval"
-            )
+            raise SettingError("total_timesteps", f"{self.total_timesteps} is not a multiple of "
+                               f"log_interval={self.log_interval}", "k * log_interval")
         _check_range("lr", self.lr, low=0.0, high=1.0, low_open=True)  # lr 0 never learns
         _check_range("gamma", self.gamma, low=0.0, high=1.0)
         _check_range("epsilon", self.epsilon, low=0.0, high=1.0)

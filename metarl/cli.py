@@ -50,7 +50,7 @@ def run_command(argv: list[str] | None, function, usage: str, show) -> int:
             if key == "run_dir":  # a path as written (``run_dir=1e3`` names the directory 1e3, not 1000.0)
                 options[key] = value if isinstance(value, str) else arg.split("=", 1)[1]
             else:
-                options[key] = config_lib.coerce(value, hints[key], key)
+                options[key] = config_lib.build(hints[key], value, key)
         if "run_dir" not in options:
             raise ConfigError("run_dir: not given; allowed: run_dir=PATH, the directory of a run")
         RunDir(options["run_dir"]).require_run()

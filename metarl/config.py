@@ -3,10 +3,10 @@ here, into typed dataclasses before anything compiles; each error is one line na
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 from pathlib import Path
+from typing import Annotated, Literal
 
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
@@ -14,13 +14,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import TypeAdapter
-from pydantic_core import SchemaValidator, ValidationError
+from pydantic import Field
 
 from metarl import experiments
-from metarl.errors import ConfigError, one_line, suggest
+from metarl.errors import ConfigError, layer_errors, one_line
 from metarl.outer_loops.es_config import ESConfig
-from metarl.inner_loops.config_checks import INT32_MAX
+from metarl.inner_loops.schema import ok, to_dict, validate
 
 SEED_MAX = 2**63 - 1   # jax.random.key takes a C long
 # Settings that do not change what the search computes; a resumed run may change these.
@@ -28,93 +27,82 @@ RESUMABLE_FIELDS = ("run_dir", "eval_tasks", "es.generations", "fitness.validati
                     "devices", "watchdog")
 
 
-def _checked(allowed: str, ok, **default):
-    """A setting whose values ``ok`` accepts; ``build`` refuses any other, saying what is ``allowed``."""
-    return dataclasses.field(**default, metadata={"ok": ok, "allowed": allowed})
-
-
-def _choice(*allowed: str):
-    return _checked(", ".join(allowed), allowed.__contains__, default=allowed[0])
-
-
-def _positive(default: int):
-    return _checked("> 0", lambda value: value > 0, default=default)
+Positive = Annotated[int, Field(gt=0, description="> 0")]
+AtLeastTwo = Annotated[int, Field(ge=2, description="an integer >= 2")]
 
 
 def _auto_or_positive(auto: str):
-    return _checked(f"auto ({auto}) or a positive integer", lambda n: n == "auto" or (isinstance(n, int) and n > 0),
-                    default="auto")
+    return Annotated[int | str, Field(description=f"auto ({auto}) or a positive integer"),
+                     ok(lambda n: n == "auto" or (isinstance(n, int) and n > 0))]
 
 
 @dataclasses.dataclass(frozen=True)
 class ESSection(ESConfig):
     """The driver's settings (``ESConfig``) as they are, plus generations and the start (the component's ``init``)."""
-    generations: int = _positive(30)
-    init_mean: str = _choice("zeros", "init")
+    generations: Positive = 30
+    init_mean: Literal["zeros", "init"] = "zeros"
 
 
 @dataclasses.dataclass(frozen=True)
 class FitnessSection:
-    num_seeds: int = _positive(2)
-    statistic: str = _choice("final", "auc")
-    window: float = _checked("a fraction in (0, 1]", lambda window: 0.0 < window <= 1.0, default=0.2)
+    num_seeds: Positive = 2
+    statistic: Literal["final", "auc"] = "final"
+    window: Annotated[float, Field(gt=0, le=1, description="a fraction in (0, 1]")] = 0.2
     nonfinite_floor: float | None = None
-    normalize: str | None = _checked("baseline, none or null (baseline with several tasks, none with one)",
-                                     (None, "baseline", "none").__contains__, default=None)
-    aggregate: str = _choice("mean", "median", "min")   # over tasks
-    control: str = _choice("none", "baseline", "paired")   # docs/signal.md
-    reference_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=32)
-    validation_top: int = _checked("an integer >= 0", lambda top: top >= 0, default=0)
-    validation_seeds: int = _checked("an integer >= 2", lambda seeds: seeds >= 2, default=16)
+    normalize: Annotated[Literal["baseline", "none"] | None, Field(
+        description="baseline, none or null (baseline with several tasks, none with one)")] = None
+    aggregate: Literal["mean", "median", "min"] = "mean"   # over tasks
+    control: Literal["none", "baseline", "paired"] = "none"   # docs/signal.md
+    reference_seeds: AtLeastTwo = 32
+    validation_top: Annotated[int, Field(ge=0, description="an integer >= 0")] = 0
+    validation_seeds: AtLeastTwo = 16
 
 
 @dataclasses.dataclass(frozen=True)
 class BaselineSection:
     """The baseline a search is measured against: as configured, or tuned first (``tune``; docs/results.md)."""
-    tune: dict = _checked("a mapping such as {lr: {low: 1e-4, high: 1e-2, log: true}}",
-                          lambda space: all(isinstance(v, dict) and set(v) <= {"low", "high", "log"}
-                                            for v in space.values()), default_factory=dict)
-    generations: int | None = _checked("a positive integer, or null (es.generations)",
-                                       lambda n: n is None or n > 0, default=None)
-    tunings: int = _positive(1)
+    tune: Annotated[dict, Field(description="a mapping such as {lr: {low: 1e-4, high: 1e-2, log: true}}"),
+                    ok(lambda space: all(isinstance(v, dict) and set(v) <= {"low", "high", "log"}
+                                         for v in space.values()))] = dataclasses.field(default_factory=dict)
+    generations: Annotated[int, Field(gt=0, description="a positive integer, or null (es.generations)")] | None = None
+    tunings: Positive = 1
     matched: bool = False
     es: dict = dataclasses.field(default_factory=dict)
-    tuned_from: str | None = _checked("a run directory whose tuned.json this run uses, or null (tune here)",
-                                      lambda path: path is None or path.strip(), default=None)
+    tuned_from: Annotated[str, Field(description="a run directory whose tuned.json this run uses, or null (tune here)"),
+                          ok(str.strip)] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSection:
-    every: int = _positive(5)
-    keep: int = _positive(3)
+    every: Positive = 5
+    keep: Positive = 3
 
 
 @dataclasses.dataclass(frozen=True)
 class WatchdogSection:   # docs/resume.md: a generation over factor x the longest before it (min_seconds) ends it
-    factor: float = _checked("0 (off) or a number >= 2", lambda f: f == 0 or f >= 2, default=10.0)
-    min_seconds: float = _checked("> 0", lambda s: s > 0, default=60.0)
+    factor: Annotated[float, Field(description="0 (off) or a number >= 2"), ok(lambda f: f == 0 or f >= 2)] = 10.0
+    min_seconds: Annotated[float, Field(gt=0, description="> 0")] = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
 class WandbSection:
-    mode: str = _choice("disabled", "offline", "online")
+    mode: Literal["disabled", "offline", "online"] = "disabled"
     project: str = "metarl"
     entity: str | None = None
     group: str | None = None   # runs of one sweep share a group; null: the run stands alone
-    tags: list = _checked("a list of non-empty strings", lambda tags: all(isinstance(t, str) and t for t in tags),
-                          default_factory=list)
+    tags: Annotated[list, ok(lambda tags: all(isinstance(t, str) and t for t in tags)),
+                    Field(description="a list of non-empty strings")] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
 class MlflowSection:
-    mode: str = _choice("disabled", "enabled")
-    tracking_uri: str = _checked("a folder for a local store (mlruns), or an MLflow tracking URI such as "
-                                 "http://HOST:PORT", lambda uri: uri.strip(), default="mlruns")
-    experiment: str | None = _checked("a name, or null (the run's experiment)",
-                                      lambda name: name is None or name.strip(), default=None)
-    tags: dict = _checked("a mapping of names to strings or numbers, such as {study: doors}",
-                          lambda tags: all(isinstance(k, str) and k and isinstance(v, (str, int, float, bool))
-                                           for k, v in tags.items()), default_factory=dict)
+    mode: Literal["disabled", "enabled"] = "disabled"
+    tracking_uri: Annotated[str, ok(str.strip), Field(description="a folder for a local store (mlruns), or an MLflow "
+                                                                  "tracking URI such as http://HOST:PORT")] = "mlruns"
+    experiment: Annotated[str, Field(description="a name, or null (the run's experiment)"), ok(str.strip)] | None = None
+    tags: Annotated[dict, Field(description="a mapping of names to strings or numbers, such as {study: doors}"),
+                    ok(lambda tags: all(isinstance(k, str) and k and isinstance(v, (str, int, float, bool))
+                                        for k, v in tags.items()))] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,16 +115,16 @@ class LoggerSection:
 
 @dataclasses.dataclass(frozen=True)
 class DevicesSection:   # docs/devices.md
-    num_cpu_devices: int | str = _auto_or_positive("one per usable CPU core, or JAX_NUM_CPU_DEVICES")
-    num_processes: int | str = _auto_or_positive("from METARL_NUM_PROCESSES or SLURM, else 1")
+    num_cpu_devices: _auto_or_positive("one per usable CPU core, or JAX_NUM_CPU_DEVICES") = "auto"
+    num_processes: _auto_or_positive("from METARL_NUM_PROCESSES or SLURM, else 1") = "auto"
     coordinator_address: str | None = None
     process_id: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-    experiment: str = _checked("the name of an experiment", bool, default="")
-    seed: int = _checked(f"an integer from 0 to {SEED_MAX}", lambda seed: 0 <= seed <= SEED_MAX, default=0)
+    experiment: Annotated[str, Field(description="the name of an experiment"), ok(bool)] = ""
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX, description=f"an integer from 0 to {SEED_MAX}")] = 0
     env: str | dict = "CartPole-v1"   # a name, or {_target_: NAME or dotted.path, ...arguments}
     tasks: list | None = None   # empty: the one task `env` (docs/experiments.md)
     eval_tasks: list | None = None   # held out: never used for fitness
@@ -155,73 +143,11 @@ class RunConfig:
         return to_dict(self)
 
 
-# pydantic's errors as what is allowed: strict types (no "3" for 3, no 1 for true, no tuple for a list), finite numbers
-_ALLOWED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "true or false",
-            "dict_type": "a mapping", "list_type": "a list", "finite_number": "a finite number"}
-_STRICT = {"strict": True, "allow_inf_nan": False, "extra_fields_behavior": "forbid"}
-
-
-def _adapted(node):
-    """pydantic's schema, ``_STRICT`` but taking each dataclass as a mapping (strict alone takes only
-    instances), a Union's error that of its last type (the last one tried)."""
-    if isinstance(node, dict) and node.get("type") == "dataclass":
-        node.update(strict=False, config=_STRICT)
-    if isinstance(node, dict) and node.get("type") == "union":
-        node["custom_error_type"] = {"str": "string"}.get(last := node["choices"][-1]["type"], last) + "_type"
-    for child in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
-        _adapted(child)
-    return node
-
-
-_adapter = functools.cache(TypeAdapter)
-_validator = functools.cache(lambda tp: SchemaValidator(_adapted(TypeAdapter(tp).core_schema), _STRICT))
-
-
-def _keys(cls, loc: tuple) -> str:   # of the dataclass at ``loc`` in dataclass ``cls``
-    return ", ".join(functools.reduce(dict.get, loc, to_dict(cls())))
-
-
-def _in_range(value, path: str):
-    # Sizes, counts and budgets become int32 inside JAX; the seed has its own, wider range.
-    if type(value) is int and path != "seed" and not -INT32_MAX - 1 <= value <= INT32_MAX:
-        raise ConfigError(f"{path}: {value}; allowed: an integer of at most {INT32_MAX}")
-    return value
-
-
-def coerce(value, tp, path):
-    """``value`` as type ``tp`` (pydantic) within JAX's range, else a ``ConfigError`` naming ``path``."""
-    try:
-        return _in_range(_validator(tp).validate_python(value), path)
-    except ValidationError as err:
-        error = err.errors()[0]
-    where, loc, kind = path + ".".join(map(str, error["loc"])), error["loc"], error["type"]
-    if kind in ("unexpected_keyword_argument", "invalid_key"):
-        raise ConfigError(f"{where}: unknown setting; allowed: {_keys(tp, loc[:-1])}"
-                          + suggest(str(loc[-1]), _keys(tp, loc[:-1]).split(", ")))
-    allowed = f"a mapping of {_keys(tp, loc)}" if kind == "dataclass_type" else _ALLOWED.get(kind, error["msg"])
-    raise ConfigError(f"{where}: {error['input']!r}; allowed: {allowed}")
-
-
-def build(cls, data: dict, prefix: str = ""):
-    """Dataclass ``cls`` from a plain dict (``coerce``), refusing also what a field's ``ok`` (``_checked``) refuses."""
-    return _check(coerce(data, cls, prefix), prefix)
-
-
-def _check(built, prefix: str):
-    # the keys as in the config files: a field's alias (es._target_ for ESConfig.target) or its name
-    for field, key in zip(dataclasses.fields(built), to_dict(built)):
-        path, value = prefix + key, _in_range(getattr(built, field.name), prefix + key)
-        if dataclasses.is_dataclass(value):
-            _check(value, path + ".")
-        elif "ok" in field.metadata and not field.metadata["ok"](value):
-            shown = "empty" if isinstance(value, str) and not value.strip() else repr(value)
-            raise ConfigError(f"{path}: {shown}; allowed: {field.metadata['allowed']}")
-    return built
-
-
-def to_dict(value):
-    """The inverse of ``build``: nested plain dicts and lists, keyed as in the config files."""
-    return _adapter(type(value)).dump_python(value, by_alias=True, warnings=False)
+def build(tp, data, prefix: str = ""):
+    """``data`` as type ``tp`` (a dataclass from a plain dict: each field checked by its type and constraints), else a
+    ``ConfigError`` naming the field after ``prefix``."""
+    with layer_errors(lambda key: prefix + key):
+        return validate(tp, data)
 
 
 def check_run_dir(run_dir: str, field: str = "run_dir") -> None:

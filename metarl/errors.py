@@ -2,16 +2,22 @@
 from __future__ import annotations
 
 import contextlib
-import difflib
 import re
 from typing import Callable, Iterable
+
+from metarl.inner_loops.errors import SettingError
+from metarl.inner_loops.schema import suggest
 
 
 class ConfigError(ValueError):
     """A bad setting; the message is one line naming the field."""
 
 
-# inner_loops and outer_loops name their own arguments ("popsize: 7 is odd; allowed: ..."); their config paths,
+class LayerError(ConfigError, SettingError):
+    """inner_loops' or outer_loops' ``SettingError`` with its field named by the config's path (``layer_errors``)."""
+
+
+# inner_loops and outer_loops name their own arguments (SettingError("popsize", ...)); their config paths,
 # by what the harness hands a layer: {argument: path, "*": prefix of the others}.
 LAYER_PATHS = {"es": {"*": "es."}, "component": {"*": "component."}, "inner": {"*": "inner."},
                "kind": {"_target_": "component.kind"}, "evolution": {"num_seeds": "fitness.num_seeds", "*": "es."}}
@@ -27,23 +33,15 @@ def layer_path(where: str | Callable[[str], str], key: str) -> str:
 
 @contextlib.contextmanager
 def layer_errors(where: str | Callable[[str], str]):
-    """inner_loops' and outer_loops' ``ValueError`` (naming their argument) as a ``ConfigError`` naming the config's."""
+    """inner_loops' and outer_loops' ``SettingError`` (or a user class's ``ValueError``, ``SettingError.of``) as a
+    ``ConfigError`` naming the config's path for its field; one naming no field names the part of the config."""
     try:
         yield
     except ConfigError:
         raise
     except ValueError as err:
-        line = (str(err).strip() or type(err).__name__).splitlines()[0]
-        key, colon, rest = line.partition(":")
-        if not colon or " " in key.strip():  # no argument named: the part of the config itself
-            key, rest = "", f" {line}"
-        raise ConfigError(f"{layer_path(where, key.strip())}:{rest}") from None
-
-
-def suggest(name: str, names: Iterable[str]) -> str:
-    """`` (did you mean X?)`` for the names closest to a misspelt ``name`` (difflib), else nothing."""
-    close = " or ".join(difflib.get_close_matches(name, list(names), n=3))
-    return close and f" (did you mean {close}?)"
+        setting = SettingError.of(err)
+        raise LayerError(layer_path(where, setting.field), setting.problem, setting.allowed) from None
 
 
 def one_line(err: Exception, keys: Iterable[str] = ()) -> ConfigError:

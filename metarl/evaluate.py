@@ -26,6 +26,7 @@ from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.trainer import frames_per_run
 from metarl.outer_loops import streams
+from metarl.outer_loops.fitness import statistic_words
 from metarl.progress import Watchdog, progress
 from metarl.report import format_report
 from metarl.rundir import CheckpointError, RunDir
@@ -229,9 +230,8 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
         "num_seeds": num_seeds, "devices": 1 if mesh is None else mesh.size, "key_root": root,
         "best_generation": loaded.info.get("generation"), "best_fitness": loaded.info.get("fitness"),
         "picked": loaded.info.get("picked"),   # the pick on fresh seeds ("top 2", "search mean"); None without one
-        "statistic": "mean episode return over all updates (the search's fitness statistic, auc)"
-                     if loaded.cfg.fitness.statistic == "auc" else "mean episode return over the last "
-                     f"{loaded.cfg.fitness.window:.0%} of updates (the search's fitness statistic)",
+        "statistic": f"{statistic_words(loaded.cfg.fitness.statistic, loaded.cfg.fitness.window)} (the search's "
+                     "fitness statistic)",
         "normalized": f"(R - random policy) / ({'tuned ' * bool(loaded.tuned)}baseline mean - random policy), per task",
         "tuned": loaded.tuned, "sides": [{"label": side.label, "role": side.role} for side in loaded.sides],
         "tasks": _rows(loaded, curves, seconds), "compile_seconds": compile_s,

@@ -11,7 +11,7 @@ import numpy as np
 
 from metarl import compilation, config as config_lib, devices
 from metarl.config import RunConfig
-from metarl.errors import ConfigError
+from metarl.errors import ConfigError, LayerError
 from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import CheckpointError, RunDir
@@ -110,8 +110,10 @@ def check_tuning(cfg: RunConfig) -> None:
     tcfg = tuning_config(cfg, ".")
     try:
         build_task(tcfg)
-    except ConfigError as err:
-        raise ConfigError(str(err).replace("component.search", "baseline.tune")) from None
+    except LayerError as err:  # the tuning's component.search is this run's baseline.tune
+        if not err.field.startswith("component.search"):
+            raise
+        raise err.at("baseline.tune" + err.field.removeprefix("component.search")) from None
     if cfg.baseline.tuned_from:
         tuned_elsewhere(cfg)
     elif trainings(tcfg) < trainings(cfg):

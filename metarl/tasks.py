@@ -185,8 +185,8 @@ def check_memory(cfg: RunConfig, task: Task, available_bytes: int | None, member
               "to its config class", file=sys.stderr)
     run_floats = sum(f or 0 for f in floats)  # every task at once
     num_dims = sum(int(np.size(x)) for x in jax.tree.leaves(task.template))
-    # the population, its noise and its shaped fitness, and CMA-ES's two num_dims^2 matrices
-    es_floats = 3 * cfg.es.popsize * num_dims + (2 * num_dims ** 2 if cfg.es.strategy == "CMA_ES" else 0)
+    # the population, its noise and its shaped fitness, and the strategy's own state
+    es_floats = 3 * cfg.es.popsize * num_dims + cfg.es.state_floats(num_dims)
     runs = (members_here + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds
     need = 4 * (runs * run_floats * _XLA_OVERHEAD + es_floats)
     if available_bytes and need > available_bytes:

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import Field
 
 from metarl.inner_loops.plugins import constructor_arguments, instantiate, locate
+from metarl.inner_loops.schema import to_dict, validate
+from metarl.inner_loops.errors import SettingError
 
 OPTIMIZERS = ("adam", "sgd", "clipup")
+SHAPINGS = ("centered_rank", "standardize", "normalize", "identity", "weights")   # evosax's fitness shapings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,14 +32,15 @@ class ESConfig:
     field's ``alias``)."""
 
     strategy: str = "Open_ES"
-    popsize: int = 16
-    std_init: float = 0.03
-    lr: float = 0.05
-    optimizer: str = "adam"
-    adam_b1: float = 0.9
-    std_decay: float = 1.0
-    lr_decay: float = 1.0
-    fitness_shaping: Optional[str] = None
+    popsize: Annotated[int, Field(ge=2, description="an integer >= 2")] = 16
+    std_init: Annotated[float, Field(gt=0, description="a finite number > 0")] = 0.03
+    lr: Annotated[float, Field(gt=0, description="a finite number > 0")] = 0.05
+    optimizer: Literal[OPTIMIZERS] = "adam"
+    adam_b1: Annotated[float, Field(ge=0, lt=1, description=">= 0 and < 1")] = 0.9
+    std_decay: Annotated[float, Field(gt=0, le=1, description="> 0 and <= 1 (1: no decay)")] = 1.0
+    lr_decay: Annotated[float, Field(gt=0, le=1, description="> 0 and <= 1 (1: no decay)")] = 1.0
+    fitness_shaping: Annotated[Optional[Literal[SHAPINGS]],
+                               Field(description=f"{', '.join(SHAPINGS)} or null (the strategy's default)")] = None
     antithetic: bool = True
     target: Optional[str] = dataclasses.field(default=None, metadata={"alias": "_target_"})
     args: dict = dataclasses.field(default_factory=dict)
@@ -43,16 +49,22 @@ class ESConfig:
     def name(self) -> str:
         return self.target or self.strategy
 
+    def state_floats(self, num_dims: int) -> int:
+        """Floats of the strategy's own state that grow faster than the population (CMA-ES's two num_dims^2
+        matrices); what a memory estimate adds to the population's."""
+        return 2 * num_dims ** 2 if self.strategy == "CMA_ES" and self.target is None else 0
+
     def strategy_class(self):
         if self.target is not None:
             return locate(self.target)
         STRATEGIES, UNSUPPORTED, _ = strategy_tables()
         if self.strategy in UNSUPPORTED:
-            raise ValueError(f"strategy: {self.strategy} does not work with this driver "
-                             f"({UNSUPPORTED[self.strategy]}); allowed: {', '.join(STRATEGIES)}")
+            raise SettingError("strategy", f"{self.strategy} does not work with this driver "
+                               f"({UNSUPPORTED[self.strategy]})", ", ".join(STRATEGIES))
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy: unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)} "
-                             f"(not: {', '.join(UNSUPPORTED)}, see docs/extending.md)")
+            raise SettingError("strategy", f"unknown strategy {self.strategy!r}",
+                               f"{', '.join(STRATEGIES)} "
+                               f"(not: {', '.join(UNSUPPORTED)}, see docs/extending.md)")
         return STRATEGIES[self.strategy]
 
     def validate(self) -> "ESConfig":
@@ -65,24 +77,9 @@ class ESConfig:
         return self
 
     def _check_fields(self) -> None:
-        if isinstance(self.popsize, bool) or not isinstance(self.popsize, int) or self.popsize < 2:
-            raise ValueError(f"popsize: {self.popsize!r}; allowed: an integer >= 2")
-        if not 0 < self.std_init < float("inf"):
-            raise ValueError(f"std_init: {self.std_init!r}; allowed: a finite number > 0")
-        if not 0 < self.lr < float("inf"):
-            raise ValueError(f"lr: {self.lr!r}; allowed: a finite number > 0")
-        for name in ("std_decay", "lr_decay"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name}: {getattr(self, name)!r}; allowed: > 0 and <= 1 (1: no decay)")
-        if not 0 <= self.adam_b1 < 1:
-            raise ValueError(f"adam_b1: {self.adam_b1!r}; allowed: >= 0 and < 1")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer: {self.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
-        if self.fitness_shaping is not None and self.fitness_shaping not in strategy_tables()[2]:
-            raise ValueError(f"fitness_shaping: {self.fitness_shaping!r}; allowed: "
-                             f"{', '.join(strategy_tables()[2])} or null (the strategy's default)")
+        validate(type(self), to_dict(self))   # the fields' own constraints (above), as the harness checks them
         if self.args and self.target is None:
-            raise ValueError(f"args: {self.args!r}; allowed: empty unless _target_ names a strategy class")
+            raise SettingError("args", repr(self.args), "empty unless _target_ names a strategy class")
 
 
 _POPULATION_BASED = "population-based: its init(key, population, fitness, params) starts from a scored " \
@@ -108,8 +105,7 @@ def strategy_tables() -> tuple[dict, dict, dict]:
         "SV_Open_ES": _SEVERAL_MEANS,
     }
     strategies = {name: cls for name, cls in algorithms.items() if name not in unsupported}
-    shapings = {name: getattr(shaping, f"{name}_fitness_shaping_fn")
-                for name in ("centered_rank", "standardize", "normalize", "identity", "weights")}
+    shapings = {name: getattr(shaping, f"{name}_fitness_shaping_fn") for name in SHAPINGS}
     return strategies, unsupported, shapings
 
 
@@ -162,10 +158,11 @@ def make_strategy(config: ESConfig, template: Any):
     except AssertionError as err:  # evosax checks the population size with asserts
         message = str(err)
         if "even" in message:
-            raise ValueError(f"popsize: {config.popsize} is odd but {config.name} needs an even "
-                             f"population (antithetic pairs); allowed: an even number such as {config.popsize + 1}") from None
-        raise ValueError(f"popsize: {config.popsize} is refused by {config.name} ({message}); allowed: "
-                         "a population size the strategy accepts") from None
+            raise SettingError("popsize", f"{config.popsize} is odd but {config.name} needs an even "
+                               "population (antithetic pairs)",
+                               f"an even number such as {config.popsize + 1}") from None
+        raise SettingError("popsize", f"{config.popsize} is refused by {config.name} ({message})",
+                           "a population size the strategy accepts") from None
     params = es.default_params
     if hasattr(params, "std_init"):
         params = params.replace(std_init=config.std_init)

@@ -36,6 +36,7 @@ from flax import struct
 # evosax's algorithms start JAX's backends when they are imported, so they are imported when a
 # strategy is built (es_config.make_strategy), not with this module: a run sets its devices first.
 from metarl.outer_loops.es_config import OPTIMIZERS, ESConfig, make_strategy, strategy_tables  # noqa: F401 (part of this module's API)
+from metarl.inner_loops.errors import SettingError
 
 QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9)
 # The per-generation signal statistics, by their names in stats, metrics.jsonl, wandb, MLflow and the
@@ -171,7 +172,7 @@ class Evolution:
                  control_fn: Optional[Callable[[jax.Array], jax.Array]] = None, paired: bool = False,
                  keep_top: int = 1):
         if isinstance(num_seeds, bool) or not isinstance(num_seeds, int) or num_seeds < 1:
-            raise ValueError(f"num_seeds: {num_seeds!r}; allowed: a positive integer")
+            raise SettingError("num_seeds", repr(num_seeds), "a positive integer")
         self.config = config
         self.es, self.es_params = make_strategy(config, template)  # checks the settings first
         self.template = template
@@ -191,7 +192,7 @@ class Evolution:
         # baseline), trained on the same seed keys as the members in every generation; paired: the
         # strategy ranks each member's fitness minus the control's on the same seeds.
         if paired and control_fn is None:
-            raise ValueError("paired: True needs a control_fn to pair with; allowed: False without one")
+            raise SettingError("paired", "True needs a control_fn to pair with", "False without one")
         self.control_fn = control_fn
         self.paired = paired
         self.keep_top = keep_top
@@ -347,13 +348,13 @@ class Evolution:
 
 
 def check_divides(popsize: int, devices: int) -> None:
-    """``ValueError`` naming ``popsize`` unless the population splits evenly over ``devices`` (padding members
+    """``SettingError`` naming ``popsize`` unless the population splits evenly over ``devices`` (padding members
     would cost compute for nothing)."""
     if popsize % devices:
         lower = popsize - popsize % devices
         near = " or ".join(str(m) for m in (lower, lower + devices) if m)
-        raise ValueError(f"popsize: {popsize} does not divide over {devices} devices; allowed: a multiple of "
-                         f"{devices} (such as {near})")
+        raise SettingError("popsize", f"{popsize} does not divide over {devices} devices",
+                           f"a multiple of {devices} (such as {near})")
 
 
 def record(stats: dict, task_names: list[str]) -> dict:

@@ -40,6 +40,12 @@ def statistic_fn(name: str, window: float) -> Callable[[jax.Array], jax.Array]:
     return {"final": lambda curve: final_window_mean(curve, window), "auc": lambda curve: curve.mean(axis=-1)}[name]
 
 
+def statistic_words(name: str, window: float) -> str:
+    """What ``statistic_fn(name, window)`` measures, in words."""
+    return {"final": f"mean episode return over the last {window:.0%} of updates",
+            "auc": "mean episode return over all updates"}[name]
+
+
 def spans(reference: dict) -> np.ndarray:
     """``base - low`` per task, kept positive so that a higher return always scores higher: where the
     baseline is no better than random play (a budget too short to learn) the gap's size is used, and

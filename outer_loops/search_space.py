@@ -10,10 +10,12 @@ import time
 import jax
 import jax.numpy as jnp
 
+from metarl.inner_loops.errors import SettingError
+
 
 def _bound(path: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{path}: {value!r}; allowed: a finite number")
+        raise SettingError(path, repr(value), "a finite number")
     return float(value)
 
 
@@ -30,25 +32,25 @@ class HyperparamSpace:
     @classmethod
     def from_config(cls, search: dict, trainer_fields: list[str]):
         if not search:
-            raise ValueError("search: empty; allowed: a mapping of hyperparameter -> {low, high, log}")
+            raise SettingError("search", "empty", "a mapping of hyperparameter -> {low, high, log}")
         names, lows, highs, logs = [], [], [], []
         for name, spec in search.items():
             path = f"search.{name}"
             if name not in trainer_fields:
-                raise ValueError(f"{path}: not a hyperparameter of the trainer; allowed: {', '.join(trainer_fields)}")
+                raise SettingError(path, "not a hyperparameter of the trainer", ", ".join(trainer_fields))
             if not isinstance(spec, dict) or "low" not in spec or "high" not in spec:
-                raise ValueError(f"{path}: {spec!r}; allowed: {{low: number, high: number, log: bool}}")
+                raise SettingError(path, repr(spec), "{low: number, high: number, log: bool}")
             extra = set(spec) - {"low", "high", "log"}
             if extra:
-                raise ValueError(f"{path}.{sorted(extra)[0]}: unknown setting; allowed: low, high, log")
+                raise SettingError(f"{path}.{sorted(extra)[0]}", "unknown setting", "low, high, log")
             low, high = _bound(f"{path}.low", spec["low"]), _bound(f"{path}.high", spec["high"])
             log = spec.get("log", False)
             if not isinstance(log, bool):
-                raise ValueError(f"{path}.log: {log!r}; allowed: true or false")
+                raise SettingError(f"{path}.log", repr(log), "true or false")
             if not low < high:
-                raise ValueError(f"{path}: low {low} must be below high {high}")
+                raise SettingError(path, f"low {low} must be below high {high}")
             if log and low <= 0:
-                raise ValueError(f"{path}.low: {low}; allowed: > 0 on a log scale")
+                raise SettingError(f"{path}.low", str(low), "> 0 on a log scale")
             names.append(name), lows.append(low), highs.append(high), logs.append(log)
         return cls(tuple(names), tuple(lows), tuple(highs), tuple(logs))
 
@@ -72,8 +74,8 @@ class HyperparamSpace:
             v = float(values[name])
             u = math.log(v) if self.log[i] else v
             if not lo < u < hi:
-                raise ValueError(f"search.{name}: the starting value {v} lies outside "
-                                  f"({self.low[i]}, {self.high[i]}); allowed: a range that contains it")
+                raise SettingError(f"search.{name}", f"the starting value {v} lies outside "
+                                   f"({self.low[i]}, {self.high[i]})", "a range that contains it")
             p = (u - lo) / (hi - lo)
             out[name] = jnp.float32(math.log(p / (1 - p)))
         return out

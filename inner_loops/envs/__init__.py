@@ -20,6 +20,7 @@ from typing import Any, Callable
 import jax
 
 from metarl.inner_loops import plugins
+from metarl.inner_loops.errors import SettingError
 
 _REGISTRY: dict[str, str | Callable[..., Any]] = {}
 _BUILT: dict = {}
@@ -56,8 +57,9 @@ def from_config(value: Any, field: str) -> tuple[str, tuple | None]:
         args = tuple(sorted((k, _frozen(v)) for k, v in value.items() if k != plugins.TARGET))
         value, field = value.get(plugins.TARGET), f"{field}.{plugins.TARGET}"
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{field}: {value!r}; allowed: an environment name (gymnax id, GridWorld, Doors, "
-                          "module:NAME) or {_target_: NAME or dotted.path.Class, ...its arguments}")
+        raise SettingError(field, repr(value),
+                           "an environment name (gymnax id, GridWorld, Doors, "
+                           "module:NAME) or {_target_: NAME or dotted.path.Class, ...its arguments}")
     return value, args
 
 
@@ -89,14 +91,15 @@ def make(name: str, kwargs: Any = (), field: str = "env", /, **env_kwargs) -> tu
         try:  # its import registers `name`
             importlib.import_module(module)
         except Exception as err:
-            raise ValueError(f"{field}: {full!r} cannot be imported ({type(err).__name__}: {err}); allowed: "
-                              "module:NAME, the module importable (on the module path) and registering NAME") from None
+            raise SettingError(field, f"{full!r} cannot be imported ({type(err).__name__}: {err})",
+                               "module:NAME, the module importable (on the module path) and registering NAME") from None
     target = _REGISTRY.get(name) or (name if "." in name else None)
     if target is None and name in _gymnax().registered_envs:
         target = functools.partial(_gymnax().make, name)
     if target is None:
-        raise ValueError(f"{field}: unknown environment {full!r}; allowed: {', '.join(available())}, "
-                          "or the dotted path of a gymnax environment class of your own")
+        raise SettingError(field, f"unknown environment {full!r}",
+                           f"{', '.join(available())}, "
+                           "or the dotted path of a gymnax environment class of your own")
     # Built eagerly even when called under a transformation (make_train inside jit or vmap), so that
     # the cached parameters are arrays, never a trace's tracers.
     with jax.ensure_compile_time_eval():
@@ -105,14 +108,16 @@ def make(name: str, kwargs: Any = (), field: str = "env", /, **env_kwargs) -> tu
         else:
             try:
                 built = target(**kwargs)
+            except SettingError as err:  # an argument of the environment's, named as plugins name one
+                raise err.at(f"{field.removesuffix('._target_')}.{err.field}") from None
             except (TypeError, ValueError) as err:
-                raise ValueError(f"{field}: {full} failed to build ({type(err).__name__}: {err})") from None
+                raise SettingError(field, f"{full} failed to build ({type(err).__name__}: {err})") from None
     env, params = built if isinstance(built, tuple) else (built, getattr(built, "default_params", None))
     missing = [m for m in INTERFACE if not callable(getattr(env, m, None))] + ["default_params"] * (params is None)
     if missing:
-        raise ValueError(f"{field}: {name} builds a {type(env).__name__} without {', '.join(missing)}; allowed: "
-                          "a gymnax Environment (reset_env, step_env, is_truncated, observation_space, "
-                          "action_space, default_params)")
+        raise SettingError(field, f"{name} builds a {type(env).__name__} without {', '.join(missing)}",
+                           "a gymnax Environment (reset_env, step_env, is_truncated, observation_space, "
+                           "action_space, default_params)")
     if key is not None:
         _BUILT[key] = env, params
     return env, params
@@ -126,9 +131,9 @@ def check_discrete_actions(name: str, kwargs: dict, trainer: str) -> None:
     env, params = make(name, kwargs)
     space = env.action_space(params)
     if not isinstance(space, spaces.Discrete):
-        raise ValueError(f"env: {name!r} has continuous actions ({type(space).__name__}) but {trainer} needs "
-                         "a finite set; allowed: an environment with discrete actions, such as "
-                         "CartPole-v1, Acrobot-v1, GridWorld or Doors")
+        raise SettingError("env", f"{name!r} has continuous actions ({type(space).__name__}) but {trainer} needs "
+                           "a finite set", "an environment with discrete actions, such as CartPole-v1, Acrobot-v1, "
+                           "GridWorld or Doors")
 
 
 def check_tabular(name: str, kwargs: dict, trainer: str) -> None:
@@ -137,8 +142,8 @@ def check_tabular(name: str, kwargs: dict, trainer: str) -> None:
     check_discrete_actions(name, kwargs, trainer)
     env, _ = make(name, kwargs)
     if not hasattr(env, "num_states") or not hasattr(env, "state_from_index"):
-        raise ValueError(f"env: {name!r} has no tabular interface (numbered states) but {trainer} keeps a "
-                         "table of them; allowed: GridWorld, Doors")
+        raise SettingError("env", f"{name!r} has no tabular interface (numbered states) but {trainer} keeps a "
+                           "table of them", "GridWorld, Doors")
 
 
 def step_auto_reset(env: Any) -> Callable:

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
 
+from metarl.inner_loops.errors import SettingError
+
 try:
     # mujoco prints a line when its optional `warp` backend is missing; metarl's console stays clean.
     with contextlib.redirect_stdout(io.StringIO()):
@@ -50,11 +52,11 @@ class Brax(environment.Environment[EnvState, EnvParams]):
                  max_steps_in_episode: int = 1000):
         super().__init__()
         if env_name not in brax_envs._envs:
-            raise ValueError(f"env_name: {env_name!r}; allowed: {', '.join(sorted(brax_envs._envs))}")
+            raise SettingError("env_name", repr(env_name), ", ".join(sorted(brax_envs._envs)))
         if backend not in BACKENDS:
-            raise ValueError(f"backend: {backend!r}; allowed: {', '.join(BACKENDS)}")
+            raise SettingError("backend", repr(backend), ", ".join(BACKENDS))
         if max_steps_in_episode < 1:
-            raise ValueError(f"max_steps_in_episode: {max_steps_in_episode}; allowed: >= 1")
+            raise SettingError("max_steps_in_episode", str(max_steps_in_episode), ">= 1")
         self.env_name = env_name
         with warnings.catch_warnings():  # "Brax System, pipelines and environments are not actively maintained"
             warnings.simplefilter("ignore", UserWarning)

@@ -25,6 +25,8 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
+from metarl.inner_loops.errors import SettingError
+
 
 # Channels of the one-hot observation.
 EMPTY, AGENT, WALL, GOAL = 0, 1, 2, 3
@@ -65,7 +67,8 @@ class Doors(environment.Environment[EnvState, EnvParams]):
         for r in door_rows:
             walls[r, wall_col] = False
         if walls[start] or walls[goal] or start == goal:
-            raise ValueError(f"start/goal: {start} and {goal} must be distinct free cells; wall column {wall_col}")
+            raise SettingError("start/goal", f"{start} and {goal} must be distinct free cells; wall column "
+                               f"{wall_col}")
         self.size = size
         self.wall_col = wall_col
         self.door_rows = tuple(door_rows)
@@ -152,6 +155,6 @@ class Doors(environment.Environment[EnvState, EnvParams]):
 def make_doors(max_steps_in_episode: int = 200, **layout: Any) -> tuple[Doors, EnvParams]:
     """Keywords other than ``max_steps_in_episode`` set the layout (see ``Doors.__init__``)."""
     if max_steps_in_episode < 1:
-        raise ValueError(f"max_steps_in_episode: {max_steps_in_episode} must be positive; allowed: >= 1")
+        raise SettingError("max_steps_in_episode", f"{max_steps_in_episode} must be positive", ">= 1")
     return Doors(**layout), EnvParams(max_steps_in_episode=max_steps_in_episode)
 

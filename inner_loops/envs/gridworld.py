@@ -28,6 +28,8 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
 
+from metarl.inner_loops.errors import SettingError
+
 
 # Row and column offsets of the actions right, down, left, up.
 _ROW_DELTA = (0, 1, 0, -1)
@@ -141,6 +143,6 @@ def make_gridworld(size: int | None = None, **param_overrides: Any) -> tuple[Gri
         param_overrides = {"rows": size, "cols": size, **param_overrides}
     params = EnvParams(**param_overrides)
     if params.rows < 1 or params.cols < 1 or params.rows * params.cols < 2:
-        raise ValueError(f"rows/cols: grid {params.rows} x {params.cols} too small; allowed: at least 2 cells")
+        raise SettingError("rows/cols", f"grid {params.rows} x {params.cols} too small", "at least 2 cells")
     return GridWorld(), params
 

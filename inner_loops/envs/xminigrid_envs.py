@@ -19,6 +19,8 @@ import jax.numpy as jnp
 from flax import struct
 from gymnax.environments import environment, spaces
 
+from metarl.inner_loops.errors import SettingError
+
 try:
     import xminigrid
 except ImportError:  # a plain ImportError, so the config error says what to install
@@ -38,7 +40,7 @@ class XMiniGrid(environment.Environment[EnvState, environment.EnvParams]):
                  view_size: int | None = None, ruleset: Any = None):
         super().__init__()
         if env_id not in xminigrid.registered_environments():
-            raise ValueError(f"env_id: {env_id!r}; allowed: {', '.join(xminigrid.registered_environments())}")
+            raise SettingError("env_id", repr(env_id), ", ".join(xminigrid.registered_environments()))
         self.env_id = env_id
         self.env, self.params = xminigrid.make(env_id)
         given = {"max_steps": max_steps, "view_size": view_size, "ruleset": ruleset}
