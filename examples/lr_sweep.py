@@ -26,6 +26,7 @@ def sweep(run_dir: Path, lrs: list[float], seeds: int) -> dict:
     import jax.numpy as jnp
 
     from metarl import evaluate, pertask
+    from metarl.outer_loops import streams
     from metarl.progress import progress
     from metarl.results import load_config
     from metarl.tasks import build_task, task_specs
@@ -42,7 +43,7 @@ def sweep(run_dir: Path, lrs: list[float], seeds: int) -> dict:
     hp = build_task(dataclasses.replace(cfg, component={"kind": "hyperparams", "search": space}), specs)
     z = jnp.stack([hp.component.encode({"lr": lr})["lr"] for lr in lrs])
     decoded = [hp.kind.values(hp.component, {"lr": v})["lr"] for v in z]
-    _, keys = evaluate.eval_keys(cfg.seed, seeds)   # agent i of the evaluation's sides trains from key i
+    _, keys = streams.evaluation(cfg.seed, seeds)   # agent i of the evaluation's sides trains from key i
     meta = {"lr": jnp.repeat(z, seeds)}
     all_keys = jnp.concatenate([keys] * len(lrs))
     rows = []

@@ -19,9 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-# A stream of the tuning seed that nothing else draws from (metarl.stages and pertask: 0x5EED_BA5E, 0x5EED_0001 to 4).
-_SLICE_STREAM = 0x5EED_0051
-
 
 def slice_through(run_dir: Path, name: str, values: list[float], seeds: int) -> dict:
     """The tuned point with ``name`` at each of ``values``: its gain over the tuned PPO and 95% interval."""
@@ -29,6 +26,7 @@ def slice_through(run_dir: Path, name: str, values: list[float], seeds: int) -> 
     import numpy as np
 
     from metarl import stages
+    from metarl.outer_loops import streams
     from metarl.results import load_config
     from metarl.rundir import RunDir
     from metarl.search import build_evolution
@@ -52,12 +50,12 @@ def slice_through(run_dir: Path, name: str, values: list[float], seeds: int) -> 
     _, evo = build_evolution(tcfg, task, "auto", RunDir(tcfg.run_dir).reference.read())
     points = [{**tuned["hyperparameters"], name: v} for v in values]
     candidates = jax.tree.map(lambda *z: np.stack(z), *[task.component.encode(p) for p in points])
-    keys = stages._stream_keys(tcfg.seed, _SLICE_STREAM, seeds)
+    keys = streams.stream(tcfg.seed, "slice", seeds)   # a stream of the tuning seed that nothing else draws from
     fitness, per_seed = stages._rescore(evo, candidates, keys, f"{len(values)} values of {name}", True)
     decoded = [task.kind.values(task.component, jax.tree.map(lambda x, i=i: x[i], candidates))[name]
                for i in range(len(values))]
     return {"run_dir": str(run_dir), "name": name, "range": [low, high], "tuned": tuned["hyperparameters"],
-            "seeds": len(keys), "stream": _SLICE_STREAM,
+            "seeds": len(keys), "stream": streams.STREAMS["slice"],
             "slice": [{name: v, "fitness": float(f), "ci95": t_bounds(np.asarray(s)),
                        "ci_best_of": t_bounds(np.asarray(s), level=1 - 0.05 / len(values))}
                       for v, f, s in zip(decoded, np.asarray(fitness), np.asarray(per_seed))]}

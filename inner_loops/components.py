@@ -32,6 +32,7 @@ from typing import Any, NamedTuple, Protocol
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax.linen.initializers import zeros
 
@@ -65,6 +66,44 @@ def apply_component(component, progress: Progress | None, *args):
 
 
 TEMPORAL_INPUTS = ("progress", "log_updates")
+
+
+def component_at(component, meta_params, inputs: dict, config, value_loss: bool, learned_part: bool = False):
+    """A component at named ``inputs`` (``VALUE_LOSS_INPUTS`` or ``DRIFT_INPUTS``, and ``TEMPORAL_INPUTS`` where it
+    is temporal): a value loss at errors (prediction - target), else the drift r A - objective (``learned_part``:
+    LPO's learned part, where it has one)."""
+    temporal = getattr(component, "temporal", False)
+    progress = Progress(inputs["progress"], inputs["log_updates"]) if temporal else None
+    if value_loss:  # the value and the old one from their errors
+        t = inputs["target"]
+        return apply_component(component, progress, meta_params, t + inputs["error"], t + inputs["old_error"], t,
+                               config)
+    r, a = inputs["ratio"], inputs["advantage"]
+    if learned_part and hasattr(component, "learned_part"):
+        return component.learned_part(meta_params, r, a, progress)
+    return r * a - apply_component(component, progress, meta_params, r, a, config)
+
+
+class Recording:
+    """A component unchanged, keeping (on the host) the arrays it is applied to and the progress in ``rows``: what
+    training feeds it, as ``metarl.distill`` fits formulas over."""
+
+    def __init__(self, inner):
+        self.inner, self.init, self.rows = inner, inner.init, []
+        self.temporal = getattr(inner, "temporal", False)
+
+    def apply(self, meta_params, *args, progress=None):
+        arrays = [a for a in args if isinstance(a, jax.Array)]  # the config is no array
+        extra = [progress.fraction, progress.log_updates] if progress is not None else []
+        jax.debug.callback(self.record, *arrays, *extra)
+        return apply_component(self.inner, progress, meta_params, *args)
+
+    def record(self, *xs):
+        xs = [np.asarray(x, np.float64) for x in xs]
+        n = xs[0].size
+        idx = np.arange(0, n, max(1, n // 256))  # about 256 per minibatch (evenly strided), to bound memory
+        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
+        self.rows.append(np.stack(cols, axis=1))
 
 
 def _temporal_features(names, progress: Progress, like: jax.Array) -> list:

@@ -118,7 +118,7 @@ class PPOConfig:
     def memory_floats(self) -> int:
         """The rollout (observation, final observation and 8 scalars per step), actor and critic x4
         (parameters, gradients, Adam's two moments) and the per-update metrics."""
-        env, env_params = envs_lib.build(self.env, self.env_kwargs)
+        env, env_params = envs_lib.make(self.env, self.env_kwargs)
         obs, actions = trainer.env_sizes(env, env_params)
         hidden = list(self.hidden)
         nets = trainer.mlp_floats([obs, *hidden, actions]) + trainer.mlp_floats([obs, *hidden, 1])
@@ -127,7 +127,7 @@ class PPOConfig:
     def validate(self) -> "PPOConfig":
         """Raise a one-line ValueError naming the first bad field; traced values are not checked."""
         _check_types(self)
-        envs_lib.build(self.env, self.env_kwargs)
+        envs_lib.make(self.env, self.env_kwargs)
         for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
                      "unroll"):
             _check_positive_int(name, getattr(self, name))
@@ -491,7 +491,7 @@ def make_train(config: PPOConfig, value_loss: Component = L2_VALUE_LOSS,
 
 def make_agent(config: PPOConfig):
     """``(env, env_params, network)`` for ``config``: the environment and the actor-critic that fits it."""
-    env, env_params = envs_lib.build(config.env, config.env_kwargs)
+    env, env_params = envs_lib.make(config.env, config.env_kwargs)
     action_space = env.action_space(env_params)
     if isinstance(action_space, spaces.Box):
         continuous, action_dim = True, int(np.prod(action_space.shape))

@@ -11,7 +11,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from orbax.checkpoint import multihost as ocp_multihost
 
-from metarl import compilation, rundir
+from metarl import compilation, errors, rundir
+from metarl.outer_loops.evolution import check_divides
 
 # XLA ends the process (SIGABRT) when a CPU device has waited too long for another at a cross-device collective, as
 # one device of a long CPU generation on a busy machine can. XLA reads the flag from XLA_FLAGS when its backend
@@ -59,20 +60,13 @@ def population_mesh(popsize: int, fit: bool = False):
         n = max(d for d in range(1, n + 1) if popsize % d == 0)
     if n == 1:
         return None
-    check_divides(popsize, n)
+    with errors.layer_errors("es"):
+        check_divides(popsize, n)
     return jax.make_mesh((n,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n])
 
 
 def run_mesh(cfg):
     return population_mesh(cfg.es.popsize, fit=cfg.devices.num_cpu_devices == "auto")
-
-
-def check_divides(popsize: int, n_devices: int) -> None:
-    if popsize % n_devices:
-        lower = popsize - popsize % n_devices
-        near = " or ".join(str(m) for m in (lower, lower + n_devices) if m)
-        raise ValueError(f"es.popsize: {popsize} does not divide over {n_devices} devices; allowed: a "
-                         f"multiple of {n_devices} (such as {near})")
 
 
 def over_agents(fn, mesh=None):

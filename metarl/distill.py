@@ -26,8 +26,9 @@ from metarl import compilation, kinds, results, rundir
 from metarl.cli import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
-                                           VALUE_LOSS_INPUTS, Progress, apply_component, formula_function,
+                                           VALUE_LOSS_INPUTS, Recording, component_at, formula_function,
                                            parse_formula)
+from metarl.outer_loops import streams
 from metarl.progress import progress
 
 FIGURE = "distill.png"
@@ -66,45 +67,12 @@ def problem_for(task) -> Problem:
                    {"ppo_init": ppo_init})
 
 
-def function_at(kind, comp, meta, points: dict, config, learned_part: bool = False):
-    """At ``points``: a value loss, else the drift r A - objective (``learned_part``: LPO's learned part, if any)."""
-    progress = Progress(points["progress"], points["log_updates"]) if getattr(comp, "temporal", False) else None
-    if kind is kinds.VALUE_LOSS:  # the value and the old one from their errors
-        t = points["target"]
-        return apply_component(comp, progress, meta, t + points["error"], t + points["old_error"], t, config)
-    r, a = points["ratio"], points["advantage"]
-    if learned_part and hasattr(comp, "learned_part"):
-        return comp.learned_part(meta, r, a, progress)
-    return r * a - apply_component(comp, progress, meta, r, a, config)
-
-
-class _Recording:
-    """The learned component unchanged, keeping the arrays it is applied to (and the progress) in ``rows``."""
-
-    def __init__(self, inner):
-        self.inner, self.init, self.rows = inner, inner.init, []
-        self.temporal = getattr(inner, "temporal", False)
-
-    def apply(self, meta_params, *args, progress=None):
-        arrays = [a for a in args if isinstance(a, jax.Array)]  # the config is no array
-        extra = [progress.fraction, progress.log_updates] if progress is not None else []
-        jax.debug.callback(self.record, *arrays, *extra)
-        return apply_component(self.inner, progress, meta_params, *args)
-
-    def record(self, *xs):
-        xs = [np.asarray(x, np.float64) for x in xs]
-        n = xs[0].size
-        idx = np.arange(0, n, max(1, n // 256))  # about 256 per minibatch (evenly strided), to bound memory
-        cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
-        self.rows.append(np.stack(cols, axis=1))
-
-
 def visited_inputs(task, meta, seed: int) -> dict:
     """{input: 1-d array} at the seam over one training per task; rows aligned (one sample of a minibatch each)."""
-    recorder = _Recording(task.component)
+    recorder = Recording(task.component)
     for i, inner in enumerate(task.inner_configs):
         train = task.trainer.make_train(inner, **{task.kind.seam: recorder})
-        args = (jax.random.fold_in(jax.random.key(seed), i), {task.kind.seam: meta})
+        args = (streams.recording(seed, i), {task.kind.seam: meta})
         jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
     value_loss = task.kind is kinds.VALUE_LOSS
@@ -200,7 +168,8 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     recorded_s = time.perf_counter() - t
     points, ranges = sample_points(visited, problem, samples, seed)
     inputs = {k: jnp.asarray(v, jnp.float32) for k, v in points.items()}
-    y = np.asarray(function_at(task.kind, task.component, meta, inputs, task.inner_config, learned_part=True))
+    y = np.asarray(component_at(task.component, meta, inputs, task.inner_config, task.kind is kinds.VALUE_LOSS,
+                                learned_part=True))
     if not np.all(np.isfinite(y)):
         raise ValueError(f"the learned {task.kind} is not finite where training visits; nothing to fit")
     X = np.stack([points[n] - CENTRES.get(n, 0) for n in problem.variables], axis=1)
@@ -261,7 +230,7 @@ def distill(run_dir: str | Path, generation: int | str = "best", max_size: int =
                 raise ConfigError(f"generation: {generation} has no kept checkpoint in {run_dir}; allowed: best"
                                   + "".join(f", {s}" for s in steps))
             _, evo = build_evolution(cfg, task=task, mesh=None)
-            state, _ = ckpt.restore(evo.init(jax.random.key(cfg.seed)), generation)
+            state, _ = ckpt.restore(evo.init(streams.evolution(cfg.seed)), generation)
         meta, info = state.best_params, {"generation": generation, "fitness": float(state.best_fitness)}
     try:
         report, problem, visited = fit(task, meta, max_size, seed, evaluations, samples)
@@ -308,8 +277,8 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict, pa
 
     def values(comp, m, pts):
         """Its value and, for a value loss, the per-sample gradient w.r.t. the prediction (moving with the error)."""
-        grad = jax.grad(lambda e: function_at(task.kind, comp, m, {**pts, "error": e}, config).sum())
-        return function_at(task.kind, comp, m, pts, config), grad(pts["error"]) if value_loss else None
+        grad = jax.grad(lambda e: component_at(comp, m, {**pts, "error": e}, config, value_loss).sum())
+        return component_at(comp, m, pts, config, value_loss), grad(pts["error"]) if value_loss else None
 
     fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]  # each compiled once
 

@@ -24,8 +24,8 @@ import numpy as np
 from metarl import payoff, results, stats
 from metarl.cli import run_command
 from metarl.errors import ConfigError
-from metarl.inner_loops.envs import random_policy_return
 from metarl.inner_loops.trainer import frames_per_run
+from metarl.outer_loops import streams
 from metarl.outer_loops.fitness import statistic_words
 from metarl.progress import Watchdog, progress
 from metarl.report import format_report
@@ -33,16 +33,8 @@ from metarl.rundir import CheckpointError, RunDir
 from metarl.sides import DEFAULT, Side, colours, compared, comparisons, get
 from metarl.tasks import TaskSpec, build_task, default_name, task_specs
 
-EVAL_ROOT = 10_000
 ALPHA = 0.05
 AGGREGATES = ("iqm_learned", "iqm_baseline", "iqm_difference", "probability_of_improvement")
-
-
-def eval_keys(run_seed: int, num_seeds: int):
-    """Agent i trains from ``fold_in(key(root), i)``, root 10000 (10001 for a run of seed 10000: a stream evolution's
-    ``key(cfg.seed)`` never used). Every side shares the keys (same init and resets): its tests are paired."""
-    root = EVAL_ROOT if run_seed != EVAL_ROOT else EVAL_ROOT + 1
-    return root, jax.vmap(lambda i: jax.random.fold_in(jax.random.key(root), i))(np.arange(num_seeds, dtype=np.uint32))
 
 
 def summarise(final: np.ndarray) -> dict:
@@ -54,7 +46,7 @@ def summarise(final: np.ndarray) -> dict:
 
 def compare(learned: np.ndarray, baseline: np.ndarray) -> dict:
     """Two sides' final returns on one task: Welch's and Mann-Whitney's (unpaired) tests and, the test reported, a
-    paired t-test over the seeds finite on both (seed i of every side trains from one key: ``eval_keys``)."""
+    paired t-test over the seeds finite on both (seed i of every side trains from one key: ``streams.evaluation``)."""
     import scipy.stats
     a, b, both = learned[np.isfinite(learned)], baseline[np.isfinite(baseline)], np.isfinite(learned + baseline)
     t, mwu = stats.t_test(a, b), scipy.stats.mannwhitneyu(a, b, alternative="two-sided")
@@ -119,7 +111,7 @@ def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
     curves, seconds, compile_s = {s.name: {} for s in task.specs}, {s.name: {} for s in task.specs}, 0.0
     for i, spec in enumerate(task.specs):
         # per side: (returns(key, input), the input per seed)
-        programs = {"random": (lambda k, x, spec=spec: random_policy_return(spec.env, k, spec.env_args or ()), None)}
+        programs = {"random": (lambda k, x, spec=spec: spec.random_return(k), None)}
         for side in sides:
             inputs = None if side.inputs is None else side.inputs[i]
             programs[side.label] = (lambda k, x, train=side.trainers[i], per_seed=inputs is not None:
@@ -228,7 +220,7 @@ def evaluate(run_dir: str | Path, env: str | None = None, num_seeds: int = 32,
     loaded = _load(run_dir, env, total_timesteps, tasks, split)
     task, built = loaded.task, [(kind, kind.build(loaded, args)) for kind in (*DEFAULT, *extra)]
     loaded.sides = [side for _, group in built for side in group]
-    root, keys = eval_keys(loaded.cfg.seed, num_seeds)
+    root, keys = streams.evaluation(loaded.cfg.seed, num_seeds)
     mesh = devices.population_mesh(num_seeds, fit=True)
     watchdog = Watchdog(loaded.cfg.watchdog, RunDir(run_dir).stacks, "Run the same command again.")
     curves, seconds, compile_s = _train_sides(task, loaded.sides, keys, mesh, watchdog)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from metarl.inner_loops import plugins
 from metarl.errors import ConfigError, layer_errors
 from metarl.inner_loops.config_checks import INT32_MAX
+from metarl.outer_loops import streams
 from metarl.outer_loops.search_space import HyperparamSpace
 
 
@@ -53,14 +54,14 @@ class Kind:
     def start(self, component, inner, init_mean: str, seed: int):
         """``(template, init_mean, describe_search)``: shape, start (``es.init_mean``), per-generation log or None."""
         # The search runs over one flat vector indexed in int32: count before allocating anything.
-        shapes = jax.eval_shape(component.init, jax.random.key(seed))
+        shapes = jax.eval_shape(component.init, streams.evolution(seed))
         num_dims = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
         if num_dims > INT32_MAX:
             field, what = (("component.hidden", f"{list(component.hidden)!r}") if hasattr(component, "hidden")
                            else ("component", type(component).__name__))
             raise ConfigError(f"{field}: {what} makes {num_dims:,} meta-parameters; "
                               f"allowed: at most {INT32_MAX:,} (smaller layers)")
-        template = component.init(jax.random.key(seed))
+        template = component.init(streams.evolution(seed))
         return template, (jax.tree.map(jnp.zeros_like, template) if init_mean == "zeros" else template), None
 
     def values(self, component, meta) -> Optional[dict]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 from typing import Any
 
 import jax
@@ -19,9 +18,8 @@ from metarl.errors import ConfigError
 from metarl.progress import progress
 from metarl.rundir import RunDir
 from metarl.stats import best_finite
+from metarl.outer_loops import streams
 
-# The stream of the run's seed that per-task tunings draw from (evaluate's keys come from key(10000)).
-_STREAM = 0x5EED_0004
 _CHUNK = 64
 
 
@@ -65,7 +63,8 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
                         f"tuning {j} | {points} x {per_task.seeds}")
                 if name not in done:
                     score = score or scorer(hp_task, i, points * per_task.seeds)
-                    done[name] = _tune_once(hp_task.component.names, points, per_task.seeds, _key(cfg.seed, j), score)
+                    key = streams.per_task_tuning(cfg.seed, j)
+                    done[name] = hp_task.component.random_search(points, per_task.seeds, key, score)
                     if jax.process_index() == 0:
                         run_dir.per_task.write(done)
                 runs.append(done[name])
@@ -73,12 +72,6 @@ def tune(cfg, hp_task, per_task: PerTask, run_dir: RunDir) -> list[dict]:
             picks.append({k: [_pick(hp_task, run, k // per_task.seeds, j) for j, run in enumerate(runs)]
                           for k in per_task.ks})
     return picks
-
-
-def _key(seed: int, tuning: int):
-    """Tuning ``tuning``'s draws and seeds, the same on every task (common random numbers): tasks are compared
-    on the same settings, and a task's tuning does not depend on the list it is evaluated in."""
-    return jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _STREAM), 0), tuning)
 
 
 def scorer(hp_task, i: int, agents: int):
@@ -96,19 +89,6 @@ def scorer(hp_task, i: int, agents: int):
         return np.concatenate([np.asarray(jax.device_get(compiled[0](part(meta, c), part(keys, c))), float)
                                for c in range(agents // chunk)])
     return score
-
-
-def _tune_once(names: tuple, points: int, seeds: int, key, score) -> dict:
-    """One random search: its draws (as meta-parameters), each one's score per seed (``score``), its seconds."""
-    t = time.perf_counter()
-    draws, train_keys = jax.random.split(key)
-    # sigmoid(z) uniform on (0, 1) is a setting uniform over its range (on the log scale where log)
-    u = jax.random.uniform(draws, (points, len(names)), minval=1e-6, maxval=1 - 1e-6)
-    z = {name: jnp.log(u[:, c] / (1 - u[:, c])) for c, name in enumerate(names)}
-    flat = {name: jnp.repeat(v, seeds) for name, v in z.items()}   # setting p on seeds p*seeds ... p*seeds+seeds-1
-    scores = score(flat, jax.random.split(train_keys, points * seeds))
-    return {"z": {name: [float(x) for x in v] for name, v in z.items()},
-            "scores": scores.reshape(points, seeds).tolist(), "seconds": time.perf_counter() - t}
 
 
 def _pick(hp_task, run: dict, n: int, tuning: int) -> dict:

@@ -18,7 +18,8 @@ from metarl.logger import Logger
 from metarl.progress import Watchdog, progress
 from metarl.rundir import RunDir
 from metarl.tasks import Task, build_task
-from metarl.outer_loops.evolution import NOISE_GENERATIONS, SIGNAL_FIELDS, Evolution, noise_warning
+from metarl.outer_loops import evolution, streams
+from metarl.outer_loops.evolution import NOISE_GENERATIONS, Evolution, noise_warning
 from metarl.outer_loops.fitness import make_aggregate
 
 
@@ -74,9 +75,13 @@ class Run:
                       task_names=task.names, tuning=self.tuning)
 
 
-def trainings_per_generation(cfg: RunConfig) -> int:
-    """The members (and the control, ``fitness.control``, trained on the same seeds as one more) per seed."""
-    return (cfg.es.popsize + (cfg.fitness.control != "none")) * cfg.fitness.num_seeds
+def trainings(cfg: RunConfig, generations: Optional[int] = None, pick: bool = False) -> int:
+    """The agents a search trains: the members and the control (``fitness.control``, on the same seeds as one more)
+    per seed, per generation (``generations``, else the run's); with ``pick``, its final pick's too: the kept members
+    and the mean (and controls), per fresh seed."""
+    f, generations = cfg.fitness, cfg.es.generations if generations is None else generations
+    picked = (f.validation_top + 1) * f.validation_seeds * (1 + (f.control == "paired")) if f.validation_top else 0
+    return (cfg.es.popsize + (f.control != "none")) * f.num_seeds * generations + pick * picked
 
 
 def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", reference: Optional[dict] = None):
@@ -117,7 +122,7 @@ def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[flo
 def search(run: Run, task: Task, evo: Evolution, logger: Logger) -> Searched:
     """Run (or continue) the generations; a stop signal ends it after the one in flight (``Interrupted``)."""
     cfg, run_dir, is_main = run.cfg, run.run_dir, run.writes
-    restored = restore(run_dir, evo.init(jax.random.key(cfg.seed)))
+    restored = restore(run_dir, evo.init(streams.evolution(cfg.seed)))
     logger.catch_up(restored.history)
     history, start = list(restored.history), restored.start
     ckpt = rundir.Checkpointer(run_dir, keep=cfg.checkpoint.keep, write=is_main)
@@ -125,7 +130,7 @@ def search(run: Run, task: Task, evo: Evolution, logger: Logger) -> Searched:
     state = devices.replicate(restored.state, evo.mesh)
     if is_main:
         run_dir.truncate_metrics(start)
-    frames_per_gen = trainings_per_generation(cfg) * task.frames_per_eval
+    frames_per_gen = trainings(cfg, generations=1) * task.frames_per_eval
     if start:
         logger.message(f"resuming {run_dir} at generation {start} of {cfg.es.generations}")
     if ckpt.removed_incomplete:
@@ -162,7 +167,9 @@ def search(run: Run, task: Task, evo: Evolution, logger: Logger) -> Searched:
                     watchdog.watch(f"generation {done}"):
                 state, stats = step(state)
                 stats = jax.device_get(stats)
-            record = _record(stats, time.perf_counter() - t, frames_per_gen, task.names)
+            seconds = time.perf_counter() - t
+            record = {**evolution.record(stats, task.names), "seconds": seconds,
+                      "fps": frames_per_gen / seconds if seconds > 0 else float("nan")}
             history.append(record)
             logger.log(record)
             if warning := noise_warning(history, min(NOISE_GENERATIONS, cfg.es.generations),
@@ -182,21 +189,3 @@ def search(run: Run, task: Task, evo: Evolution, logger: Logger) -> Searched:
                 raise Interrupted(signum, done)  # the logger finishes as stopped where it was opened
     ckpt.close()
     return Searched(state, history, start, compile_s, best_so_far)
-
-
-def _record(stats: dict, seconds: float, frames_per_gen: int, task_names: list[str]) -> dict:
-    record = {}
-    for k, v in stats.items():
-        if k == "tasks":  # per task: {name: {raw_mean, score_mean, raw_best, score_best}}
-            record[k] = {name: {stat: float(np.asarray(values)[i]) for stat, values in v.items()}
-                         for i, name in enumerate(task_names)}
-        elif isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
-            record[k] = jax.tree.map(float, v)
-        else:
-            v = np.asarray(v)
-            record[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
-            if k in SIGNAL_FIELDS and not np.isfinite(record[k]):  # not measured (one seed): null, not NaN
-                record[k] = None
-    record["seconds"] = seconds
-    record["fps"] = frames_per_gen / seconds if seconds > 0 else float("nan")
-    return record

@@ -108,9 +108,9 @@ def hand_designed(prefix: str, role: str, run, task) -> Side:
 
 
 def _learned_compute(run, args) -> dict:
-    from metarl.stages import pick_trainings, trainings
+    from metarl.search import trainings
     tuning = run.tuned["trainings"] if run.tuned else 0
-    return {"search": trainings(run.cfg) + pick_trainings(run.cfg), "tuning": tuning}
+    return {"search": trainings(run.cfg, pick=True), "tuning": tuning}
 
 
 def _baseline(run, args) -> list[Side]:

@@ -15,18 +15,12 @@ from metarl.errors import ConfigError, LayerError
 from metarl.logger import Logger, say
 from metarl.progress import progress
 from metarl.rundir import CheckpointError, RunDir
-from metarl.search import Run, Searched, best_info, build_evolution, search, trainings_per_generation
+from metarl.search import Run, Searched, best_info, build_evolution, search, trainings
 from metarl.stats import best_finite, bracket, t_bounds
 from metarl.tasks import Task, build_task, task_specs
-from metarl.inner_loops.envs import random_policy_return
-from metarl.outer_loops.evolution import Evolution
+from metarl.outer_loops.evolution import Evolution, search_warnings
+from metarl.outer_loops import streams
 from metarl.outer_loops.fitness import degenerate, spans, task_key
-
-# Streams of the run's seed for the reference measurements and the final pick; evolution splits
-# key(seed) itself, so folding in a constant gives keys it never uses.
-_BASE_STREAM, _LOW_STREAM, _VALIDATION_STREAM, _TUNINGS_STREAM = 0x5EED_BA5E, 0x5EED_0001, 0x5EED_0002, 0x5EED_0003
-# The tuning search's seed: the run's, with these bits flipped (never the run's own).
-_TUNING_SEED_BITS = 0x7E57_5EED
 
 
 def search_and_pick(run: Run, task: Task, logger: Logger,
@@ -66,13 +60,12 @@ def reference(run: Run, task: Task, message: Callable[[str], None], tuned: Optio
 
 def measure_reference(task, seed: int, num_seeds: int, measured: Callable[[], Any] = lambda: None) -> dict:
     """``R_base`` and ``R_low`` per task over ``num_seeds`` seeds, with 95% t-intervals; ``measured()`` after each."""
-    base_keys, low_keys = (_stream_keys(seed, stream, num_seeds) for stream in (_BASE_STREAM, _LOW_STREAM))
+    base_keys, low_keys = (streams.stream(seed, name, num_seeds) for name in ("reference_baseline", "reference_random"))
     stored = {"tasks": task.names, "base": [], "low": [], "base_ci": [], "low_ci": [], "num_seeds": num_seeds,
               "seed": seed}
     for i, (spec, train) in enumerate(zip(task.specs, task.baselines)):  # keys as a member's: task_key(k, i)
         baseline = devices.over_agents(lambda k, train=train, i=i: train(task_key(k, i))[1]["episode_return"])
-        random_play = devices.over_agents(lambda k, spec=spec, i=i: random_policy_return(spec.env, task_key(k, i),
-                                                                                      spec.env_args or ()))
+        random_play = devices.over_agents(lambda k, spec=spec, i=i: spec.random_return(task_key(k, i)))
         for name, program, keys in (("base", baseline, base_keys), ("low", random_play, low_keys)):
             values = np.asarray(compilation.compile_program(program, keys)(keys), np.float64)
             values = np.asarray(task.statistic(values)) if name == "base" else values
@@ -98,19 +91,8 @@ def tuning_config(cfg: RunConfig, run_dir: RunDir, i: int = 0) -> RunConfig:
     es = dataclasses.replace(cfg.es, generations=b.generations or cfg.es.generations, init_mean="init")
     es = config_lib.build(config_lib.ESSection, {**config_lib.to_dict(es), **b.es}, "baseline.es.")
     return dataclasses.replace(cfg, component={"kind": "hyperparams", "search": dict(b.tune)}, es=es,
-                               seed=cfg.seed ^ (_TUNING_SEED_BITS + i), run_dir=str(RunDir(run_dir).tuning(i)),
+                               seed=streams.tuning_seed(cfg.seed, i), run_dir=str(RunDir(run_dir).tuning(i)),
                                baseline=config_lib.BaselineSection())
-
-
-def pick_trainings(cfg: RunConfig) -> int:
-    """The agents the final pick trains: the kept members and the mean (and controls), per fresh seed."""
-    return (cfg.fitness.validation_top + 1) * cfg.fitness.validation_seeds * (1 + (cfg.fitness.control == "paired")) \
-        if cfg.fitness.validation_top else 0
-
-
-def trainings(cfg: RunConfig) -> int:
-    """The agents a search trains: members and control, per seed, per generation."""
-    return trainings_per_generation(cfg) * cfg.es.generations
 
 
 def check_tuning(cfg: RunConfig) -> None:
@@ -160,7 +142,7 @@ def tuned_elsewhere(cfg: RunConfig) -> dict:
     if cfg.baseline.matched and "matched" not in tuned:
         raise ConfigError(f"baseline.matched: true, but {where} tuned no matched baseline; allowed: false, or a run "
                           "tuned with baseline.matched: true")
-    needed = trainings(cfg) + pick_trainings(cfg)
+    needed = trainings(cfg, pick=True)
     if tuned["trainings"] < needed:
         raise ConfigError(f"baseline.tuned_from: {where} tuned with {tuned['trainings']:,} trainings, fewer than the "
                           f"search's {needed:,}; allowed: a tuning at least as large as the search")
@@ -200,13 +182,14 @@ def tune(run: Run) -> Optional[dict]:
              "fitness": best["fitness"], "fitness_ci95": best["fitness_ci95"],   # the pick's on fresh seeds
              "fitness_ci95_best_of": best["fitness_ci95_best_of"],
              "trainings": sum(r["trainings"] for r in runs[:n]) + rescore * n * (len(runs) > 1),
-             "search_trainings": trainings(cfg) + pick_trainings(cfg), "seed": best["seed"],
+             "search_trainings": trainings(cfg, pick=True), "seed": best["seed"],
              "seconds": sum(r["seconds"] for r in runs), "run_dir": best["run_dir"],
              **spread}
     # every tuning a side uses: the search's start and the evaluation's baseline (matched compute)
     used = sorted({chosen, spread.get("matched", {}).get("chosen", chosen)})
-    tuned["warnings"] = [w for i in used for w in tuning_warnings(cfg.baseline.tune, runs[i]["hyperparameters"],
-                                                                  runs[i]["history"], name=runs[i]["run_dir"])]
+    tuned["warnings"] = [w for i in used for w in search_warnings(cfg.baseline.tune, runs[i]["hyperparameters"],
+                                                                  runs[i]["history"], name=runs[i]["run_dir"],
+                                                                  field=tuning_field)]
     if run.writes:
         run_dir.tuned.write(tuned)
     say("tuned baseline: " + ", ".join(f"{k} {v:.4g} (configured {tuned['configured'][k]:.4g})"
@@ -248,7 +231,7 @@ def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, shown: bool) -> tuple[i
     the first tuning's evolution (the searches differ only in their seeds and directories)."""
     n, seeds, evo = cfg.baseline.tunings, tcfg.fitness.validation_seeds, runs[0]["evo"]
     candidates = jax.tree.map(lambda *leaves: np.stack(leaves), *[r["meta"] for r in runs])
-    fitness, per_seed = _rescore(evo, candidates, _stream_keys(tcfg.seed, _TUNINGS_STREAM, seeds),
+    fitness, per_seed = _rescore(evo, candidates, streams.stream(tcfg.seed, "tunings", seeds),
                                  f"{len(runs)} tuned points", shown)
     rescore, chosen = seeds * (1 + evo.paired), best_finite(fitness[:n])
     # the chosen tuning is the best of n: intervals at 1 - 0.05/n (Bonferroni) still cover it after the choice
@@ -266,39 +249,14 @@ def _choose(cfg: RunConfig, tcfg: RunConfig, runs: list, shown: bool) -> tuple[i
     return chosen, spread, rescore
 
 
-def _stream_keys(seed: int, stream: int, n: int):
-    return jax.random.split(jax.random.fold_in(jax.random.key(seed), stream), n)
-
-
 def _rescore(evo: Evolution, candidates, keys, what: str, shown: bool) -> tuple:
     with progress(f"scoring {what} on {len(keys)} fresh seeds", enabled=shown):
         return jax.device_get(compilation.compile_program(jax.jit(evo.rescore), candidates, keys)(candidates, keys))
 
 
-def tuning_warnings(space: dict, values: dict, history: list, edge: float = 0.05, name: str = "") -> list[str]:
-    """Signs that a tuning (``name``) has not found its optimum: a value within ``edge`` (of the range, log where it
-    is) of an end, or a population mean rising over the last third of the generations by more than twice its
-    scatter; under 8 generations, too few to judge that (the last third's trend needs 4 points at least)."""
-    found, name = [], name and name + ": "
-    for key, value in values.items():
-        low, high = space[key]["low"], space[key]["high"]
-        scale = np.log if space[key].get("log") else (lambda x: x)
-        where = float((scale(value) - scale(low)) / (scale(high) - scale(low)))
-        if min(where, 1 - where) < edge:
-            end, bound = ("low", low) if where < 0.5 else ("high", high)
-            found.append(f"{name}{key} {value:.4g} lies within {edge:.0%} of its range's {end} end {bound:.4g}; "
-                         f"widen baseline.tune.{key}")
-    means = np.array([r["mean"] for r in history if r.get("mean") is not None], float)
-    last = means[-max(4, len(means) // 3):]
-    if len(means) < 8:
-        found.append(f"{name}{len(means)} generations are too few to judge whether the population mean still rises")
-    else:
-        slope, intercept = np.polyfit(np.arange(len(last)), last, 1)
-        scatter = np.std(last - (slope * np.arange(len(last)) + intercept))
-        if slope * (len(last) - 1) > 2 * scatter and slope > 0:
-            found.append(f"{name}the population mean still rose over the last {len(last)} generations "
-                         f"({last[0]:.3g} -> {last[-1]:.3g}); run longer (baseline.generations)")
-    return found
+def tuning_field(name: str) -> str:
+    """A tuning search's setting as the run's config names it: ``search.lr`` is ``baseline.tune.lr``."""
+    return "baseline." + name.replace("search.", "tune.")
 
 
 def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], None]) -> dict:
@@ -309,10 +267,8 @@ def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], N
         _say_pick(report, message, "picked earlier")
         return report
     top_fitness, top_generation = (np.asarray(jax.device_get(x)) for x in (state.top_fitness, state.top_generation))
-    found = np.flatnonzero(np.isfinite(top_fitness[:cfg.fitness.validation_top]))
-    top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[found], state.top_params)
-    candidates = jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, evo.mean(state))
-    keys = _stream_keys(cfg.seed, _VALIDATION_STREAM, cfg.fitness.validation_seeds)
+    found, candidates = evo.candidates(state, cfg.fitness.validation_top)
+    keys = streams.stream(cfg.seed, "validation", cfg.fitness.validation_seeds)
     fitness, per_seed = _rescore(evo, candidates, keys, f"{len(found) + 1} candidates", run.shown)
     labels = [f"top {i + 1}" for i in found] + ["search mean"]
     search_fitness = [float(top_fitness[i]) for i in found] + [None]
@@ -323,7 +279,7 @@ def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], N
              "validation_ci95": t_bounds(s), "validation_ci95_best_of": t_bounds(s, level=1 - 0.05 / len(labels))}
             for label, g, f, v, s in zip(labels, generation, search_fitness, fitness, per_seed)]
     best = best_finite(fitness)
-    report = {"seeds": len(keys), "stream": _VALIDATION_STREAM, "candidates": rows, "picked": labels[best],
+    report = {"seeds": len(keys), "stream": streams.STREAMS["validation"], "candidates": rows, "picked": labels[best],
               "trainings": len(labels) * len(keys) * (1 + (cfg.fitness.control == "paired"))}
     if run.writes:
         run_dir.write_best(jax.tree.map(lambda x: x[best], candidates), {

@@ -7,14 +7,13 @@ import sys
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from metarl import kinds
 from metarl.config import RunConfig
 from metarl.errors import ConfigError, layer_errors, layer_path
 from metarl.inner_loops import envs as envs_lib, plugins, trainer as trainer_protocol
-from metarl.outer_loops.fitness import statistic_fn, task_key
+from metarl.outer_loops.fitness import statistic_fn, task_scores
 
 # inner.algo -> config class (its module has make_train); imported on use, so only its runs pay the import.
 TRAINERS = {"ppo": "metarl.inner_loops.ppo.PPOConfig", "dqn": "metarl.inner_loops.dqn.DQNConfig",
@@ -52,7 +51,7 @@ def inner_config(cfg: RunConfig, spec: TaskSpec):
         if not callable(getattr(module, "make_train", None)):
             raise ConfigError(f"inner._target_: {config_cls.__module__} has no make_train(config); allowed: a "
                               "config class whose module defines make_train(config) -> train(key, meta_params=None)")
-        envs_lib.build(spec.env, spec.env_args or (), "env" if spec.env_args is None else "env._target_")
+        envs_lib.make(spec.env, spec.env_args or (), "env" if spec.env_args is None else "env._target_")
         env = {"env": spec.env, "env_kwargs": spec.env_args or ()}  # for a config class that takes them
         env = {k: v for k, v in env.items() if k in plugins.constructor_arguments(config_cls)[0]}
         config = plugins.instantiate(target, inner, injected=env)
@@ -75,6 +74,10 @@ class TaskSpec:
     inner: dict        # overrides of ``cfg.inner`` for this task
     path: str          # where it came from in the config, for error messages ("tasks[1]", or "env")
     env_args: tuple | None = None  # ((argument, value), ...) of the {_target_: ...} form; None: a plain name
+
+    def random_return(self, key):
+        """Random play's return on this task from ``key``: the floor a normalised score starts from."""
+        return envs_lib.random_policy_return(self.env, key, self.env_args or ())
 
 
 def task_specs(cfg: RunConfig, field: str = "tasks") -> list[TaskSpec]:
@@ -160,15 +163,10 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
     template, init_mean, describe_search = kind.start(component, inners[0], cfg.es.init_mean, cfg.seed)
     trainers = [kind.trainer(module, inner, component) for inner in inners]
     baselines = [module.make_train(inner) for inner in inners]
-
-    def score(trains, key):
-        # Every task in one program; task i trains from its own stream of the seed key.
-        return jnp.stack([stat(train(task_key(key, i))[1]["episode_return"]) for i, train in enumerate(trains)])
-
     return Task(kind=kind, algo=algo, component=component, trainer=module, specs=specs, inner_configs=inners,
                 template=template, init_mean=init_mean, statistic=stat, trainers=trainers, baselines=baselines,
-                fitness_fn=lambda meta, key: score([make(meta) for make in trainers], key),
-                control_fn=lambda key: score(baselines, key), describe_search=describe_search,
+                fitness_fn=lambda meta, key: task_scores([make(meta) for make in trainers], stat, key),
+                control_fn=lambda key: task_scores(baselines, stat, key), describe_search=describe_search,
                 frames_per_eval=sum(trainer_protocol.frames_per_run(inner) for inner in inners))
 
 

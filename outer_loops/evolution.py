@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 from flax import struct
 
@@ -195,9 +196,8 @@ class Evolution:
         self.control_fn = control_fn
         self.paired = paired
         self.keep_top = keep_top
-        if mesh is not None and config.popsize % mesh.size:
-            raise SettingError("popsize", f"{config.popsize} does not divide over {mesh.size} devices",
-                               f"a multiple of {mesh.size}")
+        if mesh is not None:
+            check_divides(config.popsize, mesh.size)
         # With a mesh the state stays one fully replicated global array (every process holds the same
         # copy, also in a multi-process run): only the members' evaluation is split over the devices.
         replicated = None
@@ -339,6 +339,41 @@ class Evolution:
         """The search distribution's mean as a pytree shaped like the template."""
         return self.es.get_mean(state.es_state)
 
+    def candidates(self, state: EvoState, k: int) -> tuple:
+        """``(kept, params)``: which of the ``k`` best members kept have a finite fitness, and their parameters with
+        the search's mean last, host arrays with a leading axis (``rescore``'s candidates)."""
+        kept = np.flatnonzero(np.isfinite(np.asarray(jax.device_get(state.top_fitness))[:k]))
+        top = jax.tree.map(lambda x: np.asarray(jax.device_get(x))[kept], state.top_params)
+        return kept, jax.tree.map(lambda t, m: np.concatenate([t, np.asarray(m)[None]]), top, self.mean(state))
+
+
+def check_divides(popsize: int, devices: int) -> None:
+    """``SettingError`` naming ``popsize`` unless the population splits evenly over ``devices`` (padding members
+    would cost compute for nothing)."""
+    if popsize % devices:
+        lower = popsize - popsize % devices
+        near = " or ".join(str(m) for m in (lower, lower + devices) if m)
+        raise SettingError("popsize", f"{popsize} does not divide over {devices} devices",
+                           f"a multiple of {devices} (such as {near})")
+
+
+def record(stats: dict, task_names: list[str]) -> dict:
+    """A generation's ``stats`` (as fetched from the device) as plain numbers: per task ``{name: {stat: value}}``,
+    the search distribution's dict of floats, a statistic not measured (one seed) None rather than NaN."""
+    out = {}
+    for k, v in stats.items():
+        if k == "tasks":  # per task: {name: {raw_mean, score_mean, raw_best, score_best}}
+            out[k] = {name: {stat: float(np.asarray(values)[i]) for stat, values in v.items()}
+                      for i, name in enumerate(task_names)}
+        elif isinstance(v, dict):  # the decoded search distribution, e.g. {"mean": {"lr": ...}, ...}
+            out[k] = jax.tree.map(float, v)
+        else:
+            v = np.asarray(v)
+            out[k] = v.tolist() if v.ndim else (int(v) if np.issubdtype(v.dtype, np.integer) else float(v))
+            if k in SIGNAL_FIELDS and not np.isfinite(out[k]):
+                out[k] = None
+    return out
+
 
 # The search is called noise-dominated when the signal fraction stays below NOISE_THRESHOLD in each of
 # its first NOISE_GENERATIONS generations (docs/signal.md).
@@ -362,3 +397,31 @@ def noise_warning(history: list[dict], generations: int = NOISE_GENERATIONS,
             f"noise and the best member is mostly luck. Levers: more {name('num_seeds')} (divides the seed noise), "
             f"a larger {name('std_init')} (members further apart differ more), a larger {name('popsize')} (more "
             "members per update); docs/signal.md")
+
+
+def search_warnings(space: dict, values: dict, history: list, edge: float = 0.05, name: str = "",
+                    field: Callable[[str], str] = str) -> list[str]:
+    """Signs that a search of hyperparameters (``name``) has not found its optimum: a value within ``edge`` (of its
+    range in ``space``, log where it is) of an end, or a population mean rising over the last third of the
+    generations by more than twice its scatter; under 8 generations, too few to judge that (the last third's trend
+    needs 4 points at least). ``field`` says how the caller names the levers (``search.lr``, ``generations``)."""
+    found, name = [], name and name + ": "
+    for key, value in values.items():
+        low, high = space[key]["low"], space[key]["high"]
+        scale = np.log if space[key].get("log") else (lambda x: x)
+        where = float((scale(value) - scale(low)) / (scale(high) - scale(low)))
+        if min(where, 1 - where) < edge:
+            end, bound = ("low", low) if where < 0.5 else ("high", high)
+            found.append(f"{name}{key} {value:.4g} lies within {edge:.0%} of its range's {end} end {bound:.4g}; "
+                         f"widen {field('search.' + key)}")
+    means = np.array([r["mean"] for r in history if r.get("mean") is not None], float)
+    last = means[-max(4, len(means) // 3):]
+    if len(means) < 8:
+        found.append(f"{name}{len(means)} generations are too few to judge whether the population mean still rises")
+    else:
+        slope, intercept = np.polyfit(np.arange(len(last)), last, 1)
+        scatter = np.std(last - (slope * np.arange(len(last)) + intercept))
+        if slope * (len(last) - 1) > 2 * scatter and slope > 0:
+            found.append(f"{name}the population mean still rose over the last {len(last)} generations "
+                         f"({last[0]:.3g} -> {last[-1]:.3g}); run longer ({field('generations')})")
+    return found

@@ -23,6 +23,12 @@ def task_key(key: jax.Array, i: int) -> jax.Array:
     return jax.random.fold_in(key, i) if i else key
 
 
+def task_scores(trains: list, statistic: Callable, key: jax.Array) -> jax.Array:
+    """Each task's ``statistic`` of its training's learning curve, task i trained from ``task_key(key, i)``: every
+    task in one program. ``trains``: per task, ``train(key) -> (params, metrics)``."""
+    return jnp.stack([statistic(train(task_key(key, i))[1]["episode_return"]) for i, train in enumerate(trains)])
+
+
 def final_window_mean(curve, window: float):
     """The mean of the last ``window`` fraction (at least one point) of ``curve``'s last axis, a NumPy or
     JAX array: a training's final return."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import jax
 import jax.numpy as jnp
@@ -88,3 +89,16 @@ class HyperparamSpace:
 
     def template(self) -> dict:
         return {name: jnp.zeros((), jnp.float32) for name in self.names}
+
+    def random_search(self, points: int, seeds: int, key, score) -> dict:
+        """Random search: ``points`` settings drawn uniformly over the ranges, each trained on ``seeds`` keys and
+        scored by ``score(z per training, keys) -> scores``; returns the draws (as ``z``), scores, seconds."""
+        t = time.perf_counter()
+        draws, train_keys = jax.random.split(key)
+        # sigmoid(z) uniform on (0, 1) is a setting uniform over its range (on the log scale where log)
+        u = jax.random.uniform(draws, (points, len(self.names)), minval=1e-6, maxval=1 - 1e-6)
+        z = {name: jnp.log(u[:, c] / (1 - u[:, c])) for c, name in enumerate(self.names)}
+        flat = {name: jnp.repeat(v, seeds) for name, v in z.items()}   # setting p on seeds p*seeds ... p*seeds+seeds-1
+        scores = score(flat, jax.random.split(train_keys, points * seeds))
+        return {"z": {name: [float(x) for x in v] for name, v in z.items()},
+                "scores": scores.reshape(points, seeds).tolist(), "seconds": time.perf_counter() - t}

@@ -151,14 +151,15 @@ def finish_all(procs: list) -> list[str]:
 
 
 def test_a_population_too_small_for_the_devices_names_one_multiple():
-    from metarl import devices
+    from metarl.errors import layer_errors
+    from metarl.outer_loops.evolution import check_divides
 
-    with pytest.raises(ValueError) as err:
-        devices.check_divides(4, 8)
+    with pytest.raises(ValueError) as err, layer_errors("es"):   # as devices.population_mesh names it
+        check_divides(4, 8)
     assert str(err.value) == ("es.popsize: 4 does not divide over 8 devices; allowed: a multiple of 8 "
                               "(such as 8)")
     with pytest.raises(ValueError, match=r"a multiple of 4 \(such as 8 or 12\)$"):
-        devices.check_divides(10, 4)
+        check_divides(10, 4)
 
 
 def auto_env():

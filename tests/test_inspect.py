@@ -15,6 +15,7 @@ from PIL import Image
 from clihelp import TINY, env_vars, run_here, start_evolve
 
 from metarl import evaluate, inspect
+from metarl.outer_loops import streams
 from metarl.rundir import FIGURES
 
 # figure -> (width, height) in pixels (figsize x 100 dpi)
@@ -186,9 +187,9 @@ def test_evaluate_split_over_two_devices_gives_the_same_agents(runs, evaluated_6
 
 
 def test_eval_keys_avoid_the_runs_root():
-    root, keys = evaluate.eval_keys(evaluate.EVAL_ROOT, 3)
-    assert root != evaluate.EVAL_ROOT and keys.shape == (3,)
-    assert evaluate.eval_keys(0, 3)[0] == evaluate.EVAL_ROOT
+    root, keys = streams.evaluation(streams.EVAL_ROOT, 3)
+    assert root != streams.EVAL_ROOT and keys.shape == (3,)
+    assert streams.evaluation(0, 3)[0] == streams.EVAL_ROOT
 
 
 @pytest.mark.timeout(120)

@@ -9,6 +9,7 @@ import pytest
 from clihelp import TINY, evolve, run_here, final_state, records, start_and_kill_after
 
 from metarl import stages
+from metarl.outer_loops import streams
 from metarl.outer_loops.fitness import degenerate, make_aggregate, normalize
 from metarl.config import experiment_names, load
 from metarl.errors import ConfigError
@@ -56,7 +57,7 @@ def test_reference_intervals_shrink_with_seeds_and_each_task_trains_from_the_mem
         (lo3, hi3), (lo24, hi24) = few[name + "_ci"][0], many[name + "_ci"][0]
         assert lo3 <= few[name][0] <= hi3 and 0 < hi24 - lo24 < hi3 - lo3
     # Task i's baseline trains from outer_loops.fitness.task_key(key, i), as the control (and a member) does.
-    keys = jax.random.split(jax.random.fold_in(jax.random.key(3), stages._BASE_STREAM), 3)
+    keys = streams.stream(3, "reference_baseline", 3)
     control = np.asarray(jax.jit(jax.vmap(task.control_fn))(keys))
     np.testing.assert_allclose(few["base"], control.mean(axis=0), rtol=1e-5)
     assert control[:, 0].tolist() != control[:, 1].tolist()

@@ -74,15 +74,11 @@ def label(name: str, args: tuple | None) -> str:
     return name.rsplit(".", 1)[-1] + ("(" + ",".join(f"{k}={v}" for k, v in args) + ")" if args else "")
 
 
-def make(name: str, **kwargs) -> tuple[Any, Any]:
-    return build(name, kwargs)
-
-
-def build(name: str, kwargs: Any = (), field: str = "env") -> tuple[Any, Any]:
-    """``(env, env_params)`` of environment ``name`` with arguments ``kwargs`` (a mapping or pairs),
-    built once per process; a one-line ValueError names ``field`` (where ``name`` was set) or, for
-    an argument, ``env.ARG`` (``tasks[1].env.ARG``)."""
-    kwargs = dict(kwargs)
+def make(name: str, kwargs: Any = (), field: str = "env", /, **env_kwargs) -> tuple[Any, Any]:
+    """``(env, env_params)`` of environment ``name`` with arguments ``kwargs`` (a mapping or pairs) and
+    ``env_kwargs`` (gymnax's ``make(name, **kwargs)``), built once per process; a one-line ValueError names
+    ``field`` (where ``name`` was set) or, for an argument, ``env.ARG`` (``tasks[1].env.ARG``)."""
+    kwargs = {**dict(kwargs), **env_kwargs}
     try:
         key = (name, tuple(sorted(kwargs.items())))
         if key in _BUILT:
@@ -132,7 +128,7 @@ def check_discrete_actions(name: str, kwargs: dict, trainer: str) -> None:
     a trainer that scores every action (DQN, Q-learning) needs."""
     from gymnax.environments import spaces
 
-    env, params = build(name, kwargs)
+    env, params = make(name, kwargs)
     space = env.action_space(params)
     if not isinstance(space, spaces.Discrete):
         raise SettingError("env", f"{name!r} has continuous actions ({type(space).__name__}) but {trainer} needs "
@@ -144,7 +140,7 @@ def check_tabular(name: str, kwargs: dict, trainer: str) -> None:
     """Raise a one-line ValueError (field ``env``) unless ``name`` enumerates its states, as a table
     of values needs."""
     check_discrete_actions(name, kwargs, trainer)
-    env, _ = build(name, kwargs)
+    env, _ = make(name, kwargs)
     if not hasattr(env, "num_states") or not hasattr(env, "state_from_index"):
         raise SettingError("env", f"{name!r} has no tabular interface (numbered states) but {trainer} keeps a "
                            "table of them", "GridWorld, Doors")
@@ -176,7 +172,7 @@ def random_policy_return(name: str, key: jax.Array, env_kwargs: Any = (), num_en
     """Mean return of the episodes a uniformly random policy finishes in ``num_envs`` x ``num_steps``
     steps of environment ``name`` with ``env_kwargs`` (the partial returns if none finishes): the floor
     a learned score is measured from. Jittable; every random number comes from ``key``."""
-    env, params = build(name, env_kwargs)
+    env, params = make(name, env_kwargs)
     space = env.action_space(params)
     k_reset, k_run = jax.random.split(key)
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(k_reset, num_envs), params)
