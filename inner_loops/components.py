@@ -37,6 +37,7 @@ import optax
 from flax.linen.initializers import zeros
 
 from metarl.inner_loops.errors import SettingError
+from metarl.inner_loops.trainer import num_updates
 
 
 class Component(Protocol):
@@ -682,3 +683,77 @@ class HorizonController:
     def apply(self, meta_params, progress: Progress, observed: Observed | None = None):
         x = self.features(progress, observed)
         return {field: jnp.exp(jnp.dot(meta_params[field], x)) for field in self.fields}
+
+
+# --- what a component learned, for `metarl.inspect` (metarl.figures draws these) -----------------------------------
+PROGRESS_POINTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def progress_at(config, task_name: str):
+    """``fraction -> Progress`` on the horizon of ``config`` (its number of updates), with a note."""
+    updates = num_updates(config)
+    progress_of = lambda fraction: Progress(jnp.float32(fraction), jnp.float32(np.log(updates)))
+    progress_of.note = f"; horizon {updates} updates ({task_name})"
+    return progress_of
+
+
+def value_loss_figures(component, meta_params, config, task_name: str, error_range: float, note: str) -> dict:
+    """The loss and its gradient over the error (``loss``; through training if temporal: ``progress``) and a
+    heatmap per other input (``inputs``), as the arguments of metarl.plots' value-loss figures."""
+    progress_of = progress_at(config, task_name)
+    temporal = getattr(component, "temporal", False)
+    # The shipped MLP value loss names its extra inputs; a component of your own is drawn over the error.
+    extra = [i for i in getattr(component, "inputs", ("error",)) if i not in ("error", *TEMPORAL_INPUTS)]
+    fixed_at_zero = lambda inputs: f"; {', '.join(inputs)} fixed at 0" if inputs else ""
+
+    def curves(fraction, errors, **others):
+        """The loss and its gradient w.r.t. the prediction (the target and old prediction are data)."""
+        def loss(error, old_error=0.0, target=0.0):
+            return apply_component(component, progress_of(fraction), meta_params, target + error, target + old_error,
+                                   target, config)
+
+        return np.asarray(jax.vmap(loss)(errors, **others)), np.asarray(jax.vmap(jax.grad(loss))(errors, **others))
+
+    errors = np.linspace(-error_range, error_range, 401, dtype=np.float32)
+    start = "; at the start of training" if temporal else ""
+    figures = {"loss": (errors, *curves(0.0, errors), note + fixed_at_zero(extra) + start), "inputs": {}}
+    if temporal:
+        figures["progress"] = (errors, {f: curves(f, errors) for f in PROGRESS_POINTS}, note + progress_of.note)
+    errors = np.linspace(-error_range, error_range, 121, dtype=np.float32)
+    for name in extra:
+        span = 4 * error_range if name == "target" else error_range
+        other = np.linspace(-span, span, 81, dtype=np.float32)
+        e, o = (x.ravel() for x in np.meshgrid(errors, other))
+        z, g = (c.reshape(len(other), len(errors)) for c in curves(0.0, e, **{name: o}))
+        figures["inputs"][name] = (errors, other, z, g, name, note + fixed_at_zero([i for i in extra if i != name]))
+    return figures
+
+
+def drift_figures(component, meta_params, config, task_name: str) -> dict:
+    """``{training fraction: (ratios, advantages, drift, PPO's drift, clip_eps, note)}``: the learned drift beside
+    PPO's, at several points of training where it is temporal (else at 0)."""
+    progress_of = progress_at(config, task_name)
+    temporal = getattr(component, "temporal", False)
+    ratios, advantages = jnp.linspace(0.5, 1.5, 101), jnp.linspace(-2.0, 2.0, 81)
+    r, a = jnp.meshgrid(ratios, advantages)
+    ppo_drift = np.asarray(r * a - CLIPPED_SURROGATE.apply({}, r, a, config))
+    figures = {}
+    for fraction in (PROGRESS_POINTS if temporal else (0.0,)):
+        # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
+        drift = np.asarray(r * a - apply_component(component, progress_of(fraction), meta_params, r, a, config))
+        note = f"training progress {fraction:.0%}{progress_of.note}" if temporal else ""
+        figures[fraction] = (np.asarray(ratios), np.asarray(advantages), drift, ppo_drift, float(config.clip_eps), note)
+    return figures
+
+
+def schedule_figures(component, meta_params, config, task_name: str) -> tuple:
+    """``(t, {field: (learned value, PPO's value)})`` over the fraction ``t`` of training done."""
+    progress_of = progress_at(config, task_name)
+    t = np.linspace(0.0, 1.0, 101)
+    scales = jax.vmap(lambda f: component.apply(meta_params, progress_of(f)))(jnp.asarray(t, jnp.float32))
+    anneal = (1.0 - t) if getattr(config, "anneal_lr", False) else 1.0
+    curves = {}
+    for field, scale in scales.items():
+        own = np.full_like(t, float(getattr(config, field))) * (anneal if field == "lr" else 1.0)
+        curves[field] = (own * np.asarray(scale), own)
+    return t, curves

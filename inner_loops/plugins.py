@@ -49,6 +49,15 @@ def locate(path: Any, field: str = TARGET) -> Any:
                        allowed)
 
 
+def locate_instance(path: Any, field: str, cls: type, allowed: str) -> Any:
+    """The ``cls`` at the dotted ``path`` (a registry entry of the user's own); ``field`` names the setting in the
+    error and ``allowed`` what it may be."""
+    found = locate(path, field)
+    if not isinstance(found, cls):
+        raise SettingError(field, f"{path} is a {type(found).__name__}, not a {cls.__name__}", allowed)
+    return found
+
+
 def constructor_arguments(cls: Any) -> tuple[list[str], bool]:
     """``(argument names, takes any keyword)`` of a class's constructor. Through ``**kwargs`` the
     base classes' arguments count too, since that is where a subclass passes them on; only a chain

@@ -105,15 +105,13 @@ def register(kind: Kind) -> Kind:
 def get(name: Any) -> Kind:
     """A registered name, or the dotted path of a ``Kind`` of your own (``my_pkg.kinds.STEP_SCALE``), registered
     here so that the command line and a saved config reach it without code."""
-    allowed = f"allowed: {', '.join(KINDS)}, or the dotted path of a metarl.kinds.Kind"
+    allowed = f"{', '.join(KINDS)}, or the dotted path of a metarl.kinds.Kind"
     if isinstance(name, str) and name not in KINDS and "." in name:
         with layer_errors("kind"):
-            found = plugins.locate(name)
-        if not isinstance(found, Kind):
-            raise ConfigError(f"component.kind: {name} is a {type(found).__name__}, not a Kind; {allowed}")
+            found = plugins.locate_instance(name, plugins.TARGET, Kind, allowed)
         return KINDS.setdefault(name, dataclasses.replace(found, name=name))
     if name not in KINDS:
-        raise ConfigError(f"component.kind: {name!r}; {allowed}")
+        raise ConfigError(f"component.kind: {name!r}; allowed: {allowed}")
     return KINDS[name]
 
 

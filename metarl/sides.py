@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Callable, NamedTuple, Optional
 
 from metarl import config as config_lib, results
-from metarl.errors import ConfigError, layer_errors
+from metarl.errors import layer_errors
 from metarl.inner_loops import plugins
 from metarl.rundir import RunDir
 from metarl.tasks import build_task
@@ -62,12 +62,9 @@ def get(name: str) -> SideKind:
     registered here so that the command line reaches it without code."""
     if name in SIDES:
         return SIDES[name]
-    with layer_errors(lambda key: key):   # plugins.locate names the argument: sides
-        found = plugins.locate(name, "sides")
-    if not isinstance(found, SideKind):
-        raise ConfigError(f"sides: {name} is a {type(found).__name__}, not a SideKind; allowed: a registered side "
-                          f"kind ({', '.join(SIDES)}) or the dotted path of a metarl.sides.SideKind")
-    return register(found)
+    allowed = f"a registered side kind ({', '.join(SIDES)}) or the dotted path of a metarl.sides.SideKind"
+    with layer_errors(lambda key: key):   # plugins names the argument: sides
+        return register(plugins.locate_instance(name, "sides", SideKind, allowed))
 
 
 def in_order(kinds) -> list:
