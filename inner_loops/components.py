@@ -106,6 +106,14 @@ class Recording:
         cols = [x.ravel()[idx] if x.size == n else np.full(len(idx), float(x)) for x in xs]
         self.rows.append(np.stack(cols, axis=1))
 
+    def inputs(self, value_loss: bool) -> dict:
+        """{input: 1-d array} of the rows by ``VALUE_LOSS_INPUTS`` (errors: prediction - target) or ``DRIFT_INPUTS``."""
+        columns = np.concatenate(self.rows).T
+        if not value_loss:
+            return dict(zip(DRIFT_INPUTS, columns))
+        value, old_value, target, *temporal = columns
+        return {**value_loss_inputs(value, old_value, target), **dict(zip(TEMPORAL_INPUTS, temporal))}
+
 
 def _temporal_features(names, progress: Progress, like: jax.Array) -> list:
     table = {"progress": progress.fraction, "log_updates": progress.log_updates}

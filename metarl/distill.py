@@ -75,12 +75,7 @@ def visited_inputs(task, meta, seed: int) -> dict:
         args = (streams.recording(seed, i), {task.kind.seam: meta})
         jax.block_until_ready(compilation.compile_program(jax.jit(train), *args)(*args))
         jax.effects_barrier()  # every callback has run
-    value_loss = task.kind is kinds.VALUE_LOSS
-    named = dict(zip((("value", "old_value", "target") if value_loss else ("ratio", "advantage")) + TEMPORAL_INPUTS,
-                     np.concatenate(recorder.rows).T))
-    if value_loss:  # the formulas read errors (prediction - target), as components.VALUE_LOSS_INPUTS
-        named["error"], named["old_error"] = (named.pop(k) - named["target"] for k in ("value", "old_value"))
-    return named
+    return recorder.inputs(task.kind is kinds.VALUE_LOSS)
 
 
 def sample_points(visited: dict, problem: Problem, samples: int, seed: int) -> tuple[dict, dict]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from metarl import plots, results, tasks
 from metarl.rundir import CheckpointError, RunDir
 from metarl.inner_loops.components import drift_figures, schedule_figures, value_loss_figures
@@ -58,13 +56,11 @@ def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, erro
 def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, error_range: float) -> list[Path]:
     """The search mean and mean -+ std that the run logs every generation, and the exported best."""
     comp = task.component
-    bounds, log = dict(zip(comp.names, zip(comp.low, comp.high))), dict(zip(comp.names, comp.log))
-    best_values = {k: float(v) for k, v in comp.decode(best).items()} if best is not None else None
+    best_values = task.kind.values(comp, best) if best is not None else None
     best_gen = info.get("generation") if info else None
     records = [r for r in results.history(run_dir) if "search" in r]
     if records:
-        stack = lambda part: {n: np.array([float(r["search"][part][n]) for r in records]) for n in comp.names}
-        gens, means, lows, highs = [r["generation"] for r in records], stack("mean"), stack("low"), stack("high")
+        gens, (means, lows, highs) = [r["generation"] for r in records], comp.trajectory([r["search"] for r in records])
         note = "search mean and mean -+ std per generation; star: exported best"
     elif best_values is not None:
         gens, means, lows, highs = [best_gen or 0], {k: [v] for k, v in best_values.items()}, None, None
@@ -72,7 +68,7 @@ def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, error_ran
     else:
         print(f"note: {run_dir} has no finished generation yet; no hyperparameter plot", file=sys.stderr)
         return []
-    fig = plots.hyperparams_figure(gens, means, lows, highs, bounds, log, best_values, best_gen, note)
+    fig = plots.hyperparams_figure(gens, means, lows, highs, *comp.bounds(), best_values, best_gen, note)
     return [plots.save(fig, out / "hyperparams.png")]
 
 

@@ -9,6 +9,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from metarl.inner_loops.errors import SettingError
 
@@ -86,6 +87,15 @@ class HyperparamSpace:
         low = jax.tree.map(lambda m, s: m - s, mean, std)
         high = jax.tree.map(lambda m, s: m + s, mean, std)
         return {"mean": self.decode(mean), "low": self.decode(low), "high": self.decode(high)}
+
+    def trajectory(self, searched: list[dict]) -> tuple:
+        """``(means, lows, highs)``, each ``{name: array}`` over ``describe``'s records ``searched``."""
+        return tuple({n: np.array([float(s[part][n]) for s in searched]) for n in self.names}
+                     for part in ("mean", "low", "high"))
+
+    def bounds(self) -> tuple:
+        """``({name: (low, high)}, {name: log})``."""
+        return dict(zip(self.names, zip(self.low, self.high))), dict(zip(self.names, self.log))
 
     def template(self) -> dict:
         return {name: jnp.zeros((), jnp.float32) for name in self.names}
