@@ -410,6 +410,29 @@ class FormulaDrift(_Formula):
 # Every meta-parameter is an offset from the family's baseline, so zero meta-parameters (es.init_mean:
 # zeros) are the hand-designed rule exactly, in loss and in gradient.
 
+def formula_problem(component, value_loss: bool) -> tuple:
+    """``(inputs, variables, fitted, arguments)`` of reading ``component`` as a formula (``metarl.distill``): every
+    input the formula component takes, those it is fitted over, what is fitted in words, the formula's arguments."""
+    temporal = getattr(component, "temporal", False)
+    if value_loss:
+        # The shipped MLP names its inputs; a component of your own is read over the error (as inspect draws it).
+        own = tuple(getattr(component, "inputs", ("error",)))
+        variables = tuple(n for n in VALUE_LOSS_INPUTS if n in own or (temporal and n in TEMPORAL_INPUTS))
+        return VALUE_LOSS_INPUTS, variables, "the value loss", {}
+    ppo_init = hasattr(component, "learned_part") and bool(component.ppo_init)
+    fitted = ("the drift's learned part f in relu(f" + (" + PPO's drift)" if ppo_init else ")")
+              if hasattr(component, "learned_part") else "the drift r A - objective")
+    return DRIFT_INPUTS, ("ratio", "advantage") + (TEMPORAL_INPUTS if temporal else ()), fitted, {"ppo_init": ppo_init}
+
+
+def value_and_gradient(component, meta_params, inputs: dict, config, value_loss: bool) -> tuple:
+    """``component_at`` and, for a value loss, the per-sample gradient w.r.t. the prediction (moving with the error;
+    else None)."""
+    grad = jax.grad(lambda e: component_at(component, meta_params, {**inputs, "error": e}, config, value_loss).sum())
+    value = component_at(component, meta_params, inputs, config, value_loss)
+    return value, grad(inputs["error"]) if value_loss else None
+
+
 def dpo_drift(ratio, advantage, alpha=2.0, beta=0.6):
     """Discovered Policy Optimisation's drift (Lu et al. 2022, "Discovered Policy Optimisation", the
     closed form read off LPO): relu((r - 1) A - alpha tanh((r - 1) A / alpha)) where A >= 0, and

@@ -25,9 +25,8 @@ import numpy as np
 from metarl import compilation, kinds, results, rundir
 from metarl.cli import run_command
 from metarl.errors import ConfigError
-from metarl.inner_loops.components import (CLIPPED_SURROGATE, DRIFT_INPUTS, L2_VALUE_LOSS, TEMPORAL_INPUTS,
-                                           VALUE_LOSS_INPUTS, Recording, component_at, formula_function,
-                                           parse_formula)
+from metarl.inner_loops.components import (CLIPPED_SURROGATE, L2_VALUE_LOSS, Recording, component_at,
+                                           formula_function, formula_problem, parse_formula, value_and_gradient)
 from metarl.outer_loops import streams
 from metarl.progress import progress
 
@@ -51,20 +50,6 @@ class Problem:
     fitted: str            # what is fitted, in words
     component_args: dict = dataclasses.field(default_factory=dict)  # further arguments of the formula component
     fixed: dict = dataclasses.field(default_factory=dict)           # inputs held at one value: {name: value}
-
-
-def problem_for(task) -> Problem:
-    comp, temporal = task.component, getattr(task.component, "temporal", False)
-    if task.kind is kinds.VALUE_LOSS:
-        # The shipped MLP names its inputs; a component of your own is read over the error (as inspect draws it).
-        own = tuple(getattr(comp, "inputs", ("error",)))
-        variables = tuple(n for n in VALUE_LOSS_INPUTS if n in own or (temporal and n in TEMPORAL_INPUTS))
-        return Problem(VALUE_LOSS_INPUTS, variables, "the value loss")
-    ppo_init = hasattr(comp, "learned_part") and bool(comp.ppo_init)
-    fitted = ("the drift's learned part f in relu(f" + (" + PPO's drift)" if ppo_init else ")")
-              if hasattr(comp, "learned_part") else "the drift r A - objective")
-    return Problem(DRIFT_INPUTS, ("ratio", "advantage") + (TEMPORAL_INPUTS if temporal else ()), fitted,
-                   {"ppo_init": ppo_init})
 
 
 def visited_inputs(task, meta, seed: int) -> dict:
@@ -157,7 +142,7 @@ def fit(task, meta, max_size: int = 25, seed: int = 0, evaluations: int = 200_00
     import sympy
 
     t = time.perf_counter()
-    problem = problem_for(task)
+    problem = Problem(*formula_problem(task.component, task.kind is kinds.VALUE_LOSS))
     with progress("recording the component's inputs over training"):
         visited = visited_inputs(task, meta, seed)
     recorded_s = time.perf_counter() - t
@@ -270,12 +255,8 @@ def distill_figure(task, meta, problem: Problem, report: dict, visited: dict, pa
                for e in (front[k] for k in sorted({0, report["suggested"], len(front) - 1}))],
              (*baseline, {}, "baseline")]
 
-    def values(comp, m, pts):
-        """Its value and, for a value loss, the per-sample gradient w.r.t. the prediction (moving with the error)."""
-        grad = jax.grad(lambda e: component_at(comp, m, {**pts, "error": e}, config, value_loss).sum())
-        return component_at(comp, m, pts, config, value_loss), grad(pts["error"]) if value_loss else None
-
-    fns = [jax.jit(functools.partial(values, comp)) for _, comp, _, _ in sides]  # each compiled once
+    fns = [jax.jit(functools.partial(value_and_gradient, comp, config=config, value_loss=value_loss))
+           for _, comp, _, _ in sides]  # each compiled once
 
     def panel(title, ylabel, drawn, curve):
         pts = {n: jnp.full(len(x), v, jnp.float32) for n, v in {**base, x_name: x, **drawn}.items()}
