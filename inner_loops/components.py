@@ -762,7 +762,7 @@ def value_loss_figures(component, meta_params, config, task_name: str, error_ran
 
 def drift_figures(component, meta_params, config, task_name: str) -> dict:
     """``{training fraction: (ratios, advantages, drift, PPO's drift, clip_eps, note)}``: the learned drift beside
-    PPO's, at several points of training where it is temporal (else at 0)."""
+    PPO's, at several points of training where it is temporal (else one, at 0, keyed None)."""
     progress_of = progress_at(config, task_name)
     temporal = getattr(component, "temporal", False)
     ratios, advantages = jnp.linspace(0.5, 1.5, 101), jnp.linspace(-2.0, 2.0, 81)
@@ -773,7 +773,8 @@ def drift_figures(component, meta_params, config, task_name: str) -> dict:
         # Any objective read as a drift from r A (for LPO exactly its drift), so a component of your own plots too.
         drift = np.asarray(r * a - apply_component(component, progress_of(fraction), meta_params, r, a, config))
         note = f"training progress {fraction:.0%}{progress_of.note}" if temporal else ""
-        figures[fraction] = (np.asarray(ratios), np.asarray(advantages), drift, ppo_drift, float(config.clip_eps), note)
+        figures[fraction if temporal else None] = (np.asarray(ratios), np.asarray(advantages), drift, ppo_drift,
+                                                   float(config.clip_eps), note)
     return figures
 
 

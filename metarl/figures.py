@@ -36,8 +36,7 @@ def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_rang
     data = value_loss_figures(task.component, meta, task.inner_config, task.specs[0].name, error_range, fixed)
     paths = [plots.save(plots.value_loss_figure(*data["loss"]), out / "value_loss.png")]
     if "progress" in data:
-        fig = plots.value_loss_progress_figure(*data["progress"])
-        paths.append(plots.save(fig, out / "value_loss_progress.png"))
+        paths.append(plots.save(plots.value_loss_progress_figure(*data["progress"]), out / "value_loss_progress.png"))
     for name, spec in data["inputs"].items():
         paths.append(plots.save(plots.value_loss_heatmap_figure(*spec), out / f"value_loss_{name}.png"))
     return paths
@@ -45,12 +44,9 @@ def value_loss_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_rang
 
 def policy_objective_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     """The learned drift and objective beside PPO's (at several points of training where it is temporal)."""
-    temporal = getattr(task.component, "temporal", False)
-    paths = []
-    for fraction, spec in drift_figures(task.component, meta, task.inner_config, task.specs[0].name).items():
-        name = f"policy_objective_progress{int(round(fraction * 100)):03d}.png" if temporal else "policy_objective.png"
-        paths.append(plots.save(plots.policy_objective_figure(*spec), out / name))
-    return paths
+    specs = drift_figures(task.component, meta, task.inner_config, task.specs[0].name)
+    name = lambda f: "policy_objective.png" if f is None else f"policy_objective_progress{int(round(f * 100)):03d}.png"
+    return [plots.save(plots.policy_objective_figure(*spec), out / name(f)) for f, spec in specs.items()]
 
 
 def hyperparams_plots(run_dir: Path, cfg, task, best, info, out: Path, error_range: float) -> list[Path]:
