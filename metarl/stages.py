@@ -200,7 +200,8 @@ def tune(run: Run) -> Optional[dict]:
         say(f"tuned baseline: {spread['chosen_by']}: "
             + "; ".join(f"{r['run_dir']} {r['fresh_fitness']:.3f} {bracket(r['fresh_ci95_best_of'])}"
                         for r in runs)
-            + f" (adjusted for the best of {n}); {best['run_dir']} chosen" + (f", {matched} the evaluation's (matched compute)" if matched else ""))
+            + f" (adjusted for the best of {n}); {best['run_dir']} chosen"
+            + (f", {matched} the evaluation's (matched compute)" if matched else ""))
     for warning in tuned["warnings"]:
         say(f"warning: tuned baseline: {warning}")
     return tuned
