@@ -58,6 +58,15 @@ def locate_instance(path: Any, field: str, cls: type, allowed: str) -> Any:
     return found
 
 
+def locate_class(path: Any, field: str, base: type, allowed: str) -> type:
+    """The subclass of ``base`` at the dotted ``path`` (a class of the user's own, which the caller builds);
+    ``field`` names the setting in the error and ``allowed`` what it may be."""
+    found = locate(path, field)
+    if not (isinstance(found, type) and issubclass(found, base)):
+        raise SettingError(field, f"{path} is a {type(found).__name__}, not a {base.__name__} subclass", allowed)
+    return found
+
+
 def constructor_arguments(cls: Any) -> tuple[list[str], bool]:
     """``(argument names, takes any keyword)`` of a class's constructor. Through ``**kwargs`` the
     base classes' arguments count too, since that is where a subclass passes them on; only a chain

@@ -111,6 +111,7 @@ class LoggerSection:
     verbose: bool = False    # third-party libraries' lines on the console too (wandb's)
     wandb: WandbSection = WandbSection()
     mlflow: MlflowSection = MlflowSection()
+    trackers: list[str] = dataclasses.field(default_factory=list)   # dotted paths of Sink subclasses of one's own
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,8 @@ from typing import Callable, Optional
 
 from metarl.rundir import FIGURES, METRICS, RunDir
 from metarl.config import LoggerSection, MlflowSection, WandbSection, flatten, show_value
-from metarl.errors import ConfigError
+from metarl.errors import ConfigError, layer_errors
+from metarl.inner_loops import plugins
 
 
 def say(text: str, error: bool = False) -> None:
@@ -183,6 +184,15 @@ class MlflowSink(Sink):
 TRACKERS = {"wandb": WandbSink, "mlflow": MlflowSink}   # by their section of the config's ``logger``
 
 
+def trackers(settings: LoggerSection) -> list[tuple[type[Sink], object]]:
+    """Each enabled tracker and its section of ``logger``; a user's own (``logger.trackers``) has none."""
+    with layer_errors(lambda key: key):   # plugins names the setting: logger.trackers
+        own = [plugins.locate_class(path, "logger.trackers", Sink, "dotted paths of metarl.logger.Sink subclasses, "
+                                    "such as [my_pkg.trackers.MyTracker]") for path in settings.trackers]
+    return [(sink, getattr(settings, name)) for name, sink in TRACKERS.items()
+            if getattr(settings, name).mode != "disabled"] + [(sink, None) for sink in own]
+
+
 def _each(method: str, reverse: bool = False) -> Callable:  # a Logger method: each sink's in turn
     def call(self, *args, **kwargs):
         for sink in reversed(self.sinks) if reverse else self.sinks:
@@ -190,7 +200,7 @@ def _each(method: str, reverse: bool = False) -> Callable:  # a Logger method: e
     return call
 
 
-class Logger:
+class Logger(contextlib.AbstractContextManager):
     """A run's sinks: the console, ``metrics.jsonl`` and the enabled ``TRACKERS`` (while ``tuning``, those that run
     then); none if not ``write`` (all but the first process). Each ends in reverse order as the ``with`` block does."""
 
@@ -200,16 +210,13 @@ class Logger:
         self.sinks: list[Sink] = []
         if write:  # built in turn: a tracker may send messages while it starts
             self.sinks += [JsonlSink(self.run_dir), ConsoleSink(total_generations, task_names or [], settings.progress)]
-            self.sinks += [sink(getattr(settings, name), self) for name, sink in TRACKERS.items()
-                           if getattr(settings, name).mode != "disabled" and (sink.during_tuning or not tuning)]
+            self.sinks += [sink(section, self) for sink, section in trackers(settings)
+                           if sink.during_tuning or not tuning]
 
     tracking = property(lambda self: any(sink.tracking for sink in self.sinks))  # wandb's, or MLflow's if reached
     log, message, catch_up = _each("log"), _each("message"), _each("catch_up")
     log_results, finish = _each("log_results", reverse=True), _each("finish", reverse=True)
     summary: Optional[dict] = None   # what the run leaves, set in the block: the trackers' summary at the end
-
-    def __enter__(self) -> Logger:
-        return self
 
     def __exit__(self, kind, err, traceback) -> None:  # the one place a run's trackers finish
         if not isinstance(err, KeyboardInterrupt):  # a second stop signal: stop now, finishing nothing

@@ -12,7 +12,7 @@ from metarl import config as config_lib, devices, errors, rundir, stages
 from metarl.cli import STOP_SIGNALS, check_existing, fail
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
-from metarl.logger import TRACKERS, say
+from metarl.logger import say, trackers
 from metarl.rundir import CheckpointError, RunDir
 from metarl.search import Interrupted, Run, restore
 from metarl.tasks import Task, build_task, check_memory
@@ -60,8 +60,8 @@ def closing_lines(run_dir: RunDir, generations: int) -> list[str]:
 
 def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
     """Every read-only check needing no run directory; the task. A run sets up its devices here, a sweep before."""
-    for name, sink in TRACKERS.items():  # each tracker's own checks of its section
-        sink.check(getattr(cfg.logger, name))
+    for sink, section in trackers(cfg.logger):  # each enabled tracker's own checks of its section
+        sink.check(section)
     if setup_devices:
         devices.setup(cfg.devices)
     with errors.layer_errors("es"):
