@@ -135,14 +135,8 @@ class Task:
     control_fn: Callable           # key -> the baseline's raw score per task, as fitness_fn scores a member
     describe_search: Callable | None = None  # (mean, std) -> dict logged every generation
 
-    @property
-    def names(self) -> list[str]:
-        return [s.name for s in self.specs]
-
-    @property
-    def inner_config(self):
-        """The first task's trainer config (the only one for a one-task run)."""
-        return self.inner_configs[0]
+    names = property(lambda self: [s.name for s in self.specs])
+    inner_config = property(lambda self: self.inner_configs[0])   # the first task's (a one-task run's only one)
 
 
 def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
