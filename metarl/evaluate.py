@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from metarl import payoff, results, stats
-from metarl.cli import run_command
+from metarl.commands import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.trainer import frames_per_run
 from metarl.outer_loops import streams

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import config as config_lib, errors
-from metarl.cli import _refuse_search_change, check_existing, fail
+from metarl.commands import _refuse_search_change, check_existing, fail
 from metarl.errors import ConfigError
 from metarl.rundir import RUNS, RunDir, unique_dir
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from metarl.cli import run_command
+from metarl.commands import run_command
 from metarl.errors import ConfigError
 
 

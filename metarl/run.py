@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from metarl import config as config_lib, devices, errors, rundir, stages
-from metarl.cli import STOP_SIGNALS, check_existing, fail
+from metarl.commands import STOP_SIGNALS, check_existing, fail
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import TRACKERS, say

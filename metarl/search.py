@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from metarl import compilation, devices, errors, rundir
-from metarl.cli import stop_signals_to
+from metarl.commands import stop_signals_to
 from metarl.config import RunConfig
 from metarl.logger import Logger
 from metarl.progress import Watchdog, progress

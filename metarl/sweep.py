@@ -22,7 +22,7 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import compilation, config as config_lib, devices, errors
-from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
+from metarl.commands import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
 from metarl.errors import ConfigError
 from metarl.logger import PARENT_RUN_ENV, MlflowRun
 from metarl.run import check, execute
