@@ -15,10 +15,10 @@ from metarl.errors import ConfigError
 from metarl.logger import TRACKERS, say
 from metarl.rundir import CheckpointError, RunDir
 from metarl.search import Interrupted, Run, restore
-from metarl.tasks import Task, build_task, check_memory
+from metarl.tasks import TaskSet, build_task, check_memory
 
 
-def run_stages(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, mesh: Any = "auto") -> dict:
+def run_stages(cfg: RunConfig, run_dir: str | Path, task: TaskSet | None = None, mesh: Any = "auto") -> dict:
     """The stages in order on ``run_dir``; the summary. ``task``: as checked (else built here)."""
     run = Run.start(cfg, run_dir, mesh)
     tuned = stages.tune(run)                                # 1. tuned.json (its search in tune/)
