@@ -61,8 +61,8 @@ def app(composed) -> float | None:
             resuming = check_existing(cfg, run_dir)
     except ConfigError as err:
         fail(str(err))
-    from metarl.run import execute  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
-    if code := execute(cfg, run_dir, resuming, named):
+    from metarl.run import run_locked  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
+    if code := run_locked(cfg, run_dir, resuming, named):
         raise SystemExit(code)
 
 

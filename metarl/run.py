@@ -1,4 +1,4 @@
-"""One run: the read-only checks (``check``), the run directory's lock (``execute``) and the stages (``run_stages``)."""
+"""One run: the read-only checks (``check``), the run holding its lock (``run_locked``), the stages (``run_stages``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -78,7 +78,7 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
     return task
 
 
-def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -> int:
+def run_locked(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -> int:
     """The remaining checks, the run directory's lock, then the run; its exit code."""
     where = RunDir(run_dir)
     # 1. Every check, reading only, the checkpoint a resume starts from included.
