@@ -18,6 +18,7 @@ copied from elsewhere: everything is read relative to RUN_DIR. Bad input: one ``
 """
 from __future__ import annotations
 
+# Named like the standard library's inspect for `python -m metarl.inspect`; absolute imports still reach that one.
 import sys
 from pathlib import Path
 
