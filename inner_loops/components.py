@@ -1,9 +1,10 @@
-"""Components that plug into PPO's two seams, hand-designed and meta-learned.
+"""Components for three of PPO's four seams, hand-designed and meta-learned (the optimiser's: ``optimisers.py``).
 
 A component has ``init(key) -> meta_params`` (a pytree; ``{}`` for a fixed rule) and ``apply``:
 
 - value loss:       ``apply(meta_params, value, old_value, target, config) -> per-sample loss``
 - policy objective: ``apply(meta_params, ratio, advantage, config) -> per-sample objective`` (maximised)
+- schedule:         ``apply(meta_params, progress) -> {field: multiplier}`` (a controller: also ``observed``)
 
 ``config`` is the trainer's config, read for hyperparameters such as ``clip_eps``. Everything is
 elementwise over the minibatch, so a learned component sees one sample at a time.

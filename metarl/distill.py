@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metarl import compilation, kinds, results, rundir
-from metarl.cli import run_command
+from metarl.commands import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.components import (CLIPPED_SURROGATE, L2_VALUE_LOSS, Recording, component_at,
                                            formula_function, formula_problem, parse_formula, value_and_gradient)

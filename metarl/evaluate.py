@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from metarl import payoff, results, stats
-from metarl.cli import run_command
+from metarl.commands import run_command
 from metarl.errors import ConfigError
 from metarl.inner_loops.trainer import frames_per_run
 from metarl.outer_loops import streams
@@ -139,7 +139,7 @@ def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
     return curves, seconds, compile_s
 
 
-def aggregate(rows: list[dict], roles: dict, reps: int = 2000) -> dict:
+def iqm_comparisons(rows: list[dict], roles: dict, reps: int = 2000) -> dict:
     """Per comparison (``sides.comparisons``), both sides' IQMs of normalised scores, their difference and
     P(a > b), with stratified bootstrap 95% CIs over every side's seeds (paired) and the normalising baseline mean;
     flagged rows (a baseline that does not clear random play) left out, the aggregate with them beside."""
@@ -179,7 +179,7 @@ def restate(report: dict, frames_per_training: Optional[int] = None) -> dict:
                    normalized_ci95={label: stats.t_bounds(v) for label, v in norm.items()},
                    baseline_clears_random_p=float(clears), degenerate=not clears < ALPHA,
                    **{c.test: compare(finals[roles[c.a]], finals[roles[c.b]]) for c in comparisons(roles)})
-    report["aggregate"] = {split: aggregate(rows, roles) for split in ("held-out", "trained-on")
+    report["aggregate"] = {split: iqm_comparisons(rows, roles) for split in ("held-out", "trained-on")
                            if (rows := [r for r in report["tasks"] if r["split"] == split])}
     if "per_task" in report and "learned" in roles:
         report["payoff"] = payoff.payoff(report, frames_per_training or report["payoff"]["frames_per_training"])

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import config as config_lib, errors
-from metarl.cli import _refuse_search_change, check_existing, fail
+from metarl.commands import _refuse_search_change, check_existing, fail
 from metarl.errors import ConfigError
 from metarl.rundir import RUNS, RunDir, unique_dir
 
@@ -61,8 +61,8 @@ def app(composed) -> float | None:
             resuming = check_existing(cfg, run_dir)
     except ConfigError as err:
         fail(str(err))
-    from metarl.run import execute  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
-    if code := execute(cfg, run_dir, resuming, named):
+    from metarl.run import run_locked  # JAX, orbax, evosax: seconds that --help, --cfg and bad input do without
+    if code := run_locked(cfg, run_dir, resuming, named):
         raise SystemExit(code)
 
 

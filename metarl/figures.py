@@ -89,7 +89,7 @@ def write_figures(run_dir: str | Path, error_range: float = 5.0, loaded: tuple |
 def schedule_plots(run_dir: Path, cfg, task, meta, info, out: Path, error_range: float) -> list[Path]:
     """The learned hyperparameters over training beside PPO's own (``schedule.png``)."""
     t, curves = schedule_figures(task.component, meta, task.inner_config, task.specs[0].name)
-    fig = plots.schedule_figure(t, curves, task.kind.baseline(task.inner_config))
+    fig = plots.schedule_figure(t, curves, task.kind.baseline_label(task.inner_config))
     return [plots.save(fig, out / "schedule.png")]
 
 

@@ -18,10 +18,11 @@ copied from elsewhere: everything is read relative to RUN_DIR. Bad input: one ``
 """
 from __future__ import annotations
 
+# Named like the standard library's inspect for `python -m metarl.inspect`; absolute imports still reach that one.
 import sys
 from pathlib import Path
 
-from metarl.cli import run_command
+from metarl.commands import run_command
 from metarl.errors import ConfigError
 
 

@@ -22,7 +22,7 @@ class Kind:
     name: str
     seam: Optional[str]                         # a make_train keyword the trainer's SEAMS lists; None: hyperparams
     component: Optional[str] = None             # component._target_ where the config names none
-    baseline: Callable[[Any], str] = lambda inner: "the trainer's default"  # label from the trainer config
+    baseline_label: Callable[[Any], str] = lambda inner: "the trainer's default"  # label from the trainer config
     plot: Optional[Callable | str] = None       # (run_dir, cfg, task, meta, info, out, error_range) -> paths
     formula: Optional[str] = None               # the formula component metarl.distill fits, if any
 
@@ -117,19 +117,20 @@ def get(name: Any) -> Kind:
 
 VALUE_LOSS = register(Kind(
     "value_loss", seam="value_loss", component="metarl.inner_loops.components.MLPValueLoss",
-    baseline=lambda inner: "L2 value loss" + (" (clipped)" if getattr(inner, "clip_value_loss", False) else ""),
+    baseline_label=lambda inner: "L2 value loss" + (" (clipped)" if getattr(inner, "clip_value_loss", False) else ""),
     plot="metarl.figures.value_loss_plots", formula="metarl.inner_loops.components.FormulaValueLoss"))
 POLICY_OBJECTIVE = register(Kind(
     "policy_objective", seam="policy_objective", component="metarl.inner_loops.components.LPODrift",
-    baseline=lambda inner: "PPO clipped objective", plot="metarl.figures.policy_objective_plots",
+    baseline_label=lambda inner: "PPO clipped objective", plot="metarl.figures.policy_objective_plots",
     formula="metarl.inner_loops.components.FormulaDrift"))
-HYPERPARAMS = register(Hyperparams("hyperparams", seam=None, baseline=lambda inner: "trainer config",
+HYPERPARAMS = register(Hyperparams("hyperparams", seam=None, baseline_label=lambda inner: "trainer config",
                                    plot="metarl.figures.hyperparams_plots"))
 SCHEDULE = register(Kind(
     "schedule", seam="schedule", component="metarl.inner_loops.components.LearnedSchedules",
-    baseline=lambda inner: "PPO's hyperparameters" + (" (lr annealed)" if getattr(inner, "anneal_lr", False) else ""),
+    baseline_label=lambda inner: ("PPO's hyperparameters"
+                                  + (" (lr annealed)" if getattr(inner, "anneal_lr", False) else "")),
     plot="metarl.figures.schedule_plots"))
 OPTIMISER = register(Kind(
     "optimiser", seam="optimiser", component="metarl.inner_loops.optimisers.LearnedOptimiser",
-    baseline=lambda inner: f"Adam, lr {inner.lr:g}" + (" annealed" if getattr(inner, "anneal_lr", False) else ""),
+    baseline_label=lambda inner: f"Adam, lr {inner.lr:g}" + (" annealed" if getattr(inner, "anneal_lr", False) else ""),
     plot="metarl.figures.component_plots"))

@@ -1,4 +1,4 @@
-"""One run: the read-only checks (``check``), the run directory's lock (``execute``) and the stages (``run_stages``)."""
+"""One run: the read-only checks (``check``), the run holding its lock (``run_locked``), the stages (``run_stages``)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,16 +9,16 @@ from typing import Any
 import jax
 
 from metarl import config as config_lib, devices, errors, rundir, stages
-from metarl.cli import STOP_SIGNALS, check_existing, fail
+from metarl.commands import STOP_SIGNALS, check_existing, fail
 from metarl.config import RunConfig
 from metarl.errors import ConfigError
 from metarl.logger import say, trackers
 from metarl.rundir import CheckpointError, RunDir
 from metarl.search import Interrupted, Run, restore
-from metarl.tasks import Task, build_task, check_memory
+from metarl.tasks import TaskSet, build_task, check_memory
 
 
-def run_stages(cfg: RunConfig, run_dir: str | Path, task: Task | None = None, mesh: Any = "auto") -> dict:
+def run_stages(cfg: RunConfig, run_dir: str | Path, task: TaskSet | None = None, mesh: Any = "auto") -> dict:
     """The stages in order on ``run_dir``; the summary. ``task``: as checked (else built here)."""
     run = Run.start(cfg, run_dir, mesh)
     tuned = stages.tune(run)                                # 1. tuned.json (its search in tune/)
@@ -78,7 +78,7 @@ def check(cfg, setup_devices: bool = True, task: Any = None) -> Any:
     return task
 
 
-def execute(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -> int:
+def run_locked(cfg, run_dir: Path, resuming: bool, named: bool, task: Any = None) -> int:
     """The remaining checks, the run directory's lock, then the run; its exit code."""
     where = RunDir(run_dir)
     # 1. Every check, reading only, the checkpoint a resume starts from included.

@@ -12,12 +12,12 @@ import jax
 import numpy as np
 
 from metarl import compilation, devices, errors, rundir
-from metarl.cli import stop_signals_to
+from metarl.commands import stop_signals_to
 from metarl.config import RunConfig
 from metarl.logger import Logger
 from metarl.progress import Watchdog, progress
 from metarl.rundir import RunDir
-from metarl.tasks import Task, build_task
+from metarl.tasks import TaskSet, build_task
 from metarl.outer_loops import evolution, streams
 from metarl.outer_loops.evolution import NOISE_GENERATIONS, Evolution, noise_warning
 from metarl.outer_loops.fitness import make_aggregate
@@ -69,7 +69,7 @@ class Run:
         """A tuning search's: its own config and directory, on this run's mesh and processes."""
         return dataclasses.replace(self, cfg=tcfg, run_dir=RunDir(tcfg.run_dir), config=tcfg.to_dict(), tuning=True)
 
-    def logger(self, task: Task) -> Logger:
+    def logger(self, task: TaskSet) -> Logger:
         """The search's trackers, a context manager: closed once, as stopped if the search raised."""
         return Logger(self.run_dir.path, self.config, self.cfg.es.generations, self.cfg.logger, write=self.writes,
                       task_names=task.names, tuning=self.tuning)
@@ -84,7 +84,7 @@ def trainings(cfg: RunConfig, generations: Optional[int] = None, pick: bool = Fa
     return (cfg.es.popsize + (f.control != "none")) * f.num_seeds * generations + pick * picked
 
 
-def build_evolution(cfg, task: Optional[Task] = None, mesh: Any = "auto", reference: Optional[dict] = None):
+def build_evolution(cfg, task: Optional[TaskSet] = None, mesh: Any = "auto", reference: Optional[dict] = None):
     """``(task, evolution)``; ``reference``: the returns normalised fitness uses (None: raw)."""
     task = task or build_task(cfg)
     if mesh == "auto":
@@ -112,14 +112,14 @@ def restore(run_dir: RunDir, fresh: Any) -> Searched:
     return Searched(restored, list(meta["history"])[:start], start, skipped=skipped)
 
 
-def best_info(cfg: RunConfig, task: Task, generation: int, fitness: Optional[float]) -> dict:
+def best_info(cfg: RunConfig, task: TaskSet, generation: int, fitness: Optional[float]) -> dict:
     """What is exported beside the meta-parameters (``RunDir.write_best``)."""
     return {"experiment": cfg.experiment, "kind": task.kind.name, "algo": task.algo, "env": cfg.env,
             "tasks": task.names, "component": cfg.component, "inner": cfg.inner, "generation": generation,
             "fitness": fitness, "seed": cfg.seed}
 
 
-def search(run: Run, task: Task, evo: Evolution, logger: Logger) -> Searched:
+def search(run: Run, task: TaskSet, evo: Evolution, logger: Logger) -> Searched:
     """Run (or continue) the generations; a stop signal ends it after the one in flight (``Interrupted``)."""
     cfg, run_dir, is_main = run.cfg, run.run_dir, run.writes
     restored = restore(run_dir, evo.init(streams.evolution(cfg.seed)))

@@ -101,7 +101,7 @@ def colours(sides: list[dict]) -> dict:
 
 def hand_designed(prefix: str, role: str, run, task) -> Side:
     """A side of ``task``'s hand-designed rule (its baselines), labelled by the run's kind."""
-    return Side(prefix + run.task.kind.baseline(task.inner_config), role, tuple(task.baselines))
+    return Side(prefix + run.task.kind.baseline_label(task.inner_config), role, tuple(task.baselines))
 
 
 def _learned_compute(run, args) -> dict:

@@ -17,13 +17,13 @@ from metarl.progress import progress
 from metarl.rundir import CheckpointError, RunDir
 from metarl.search import Run, Searched, best_info, build_evolution, search, trainings
 from metarl.stats import best_finite, bracket, t_bounds
-from metarl.tasks import Task, build_task, task_specs
+from metarl.tasks import TaskSet, build_task, task_specs
 from metarl.outer_loops.evolution import Evolution, search_warnings
 from metarl.outer_loops import streams
 from metarl.outer_loops.fitness import degenerate, spans, task_key
 
 
-def search_and_pick(run: Run, task: Task, logger: Logger,
+def search_and_pick(run: Run, task: TaskSet, logger: Logger,
                     tuned: Optional[dict] = None) -> tuple[Searched, Optional[dict], Evolution]:
     """The reference, the search scoring against it and the pick (validation.json's report, None without
     ``fitness.validation_top``), in a run's (or its tuning's) directory; the search's evolution, built once here."""
@@ -35,7 +35,7 @@ def search_and_pick(run: Run, task: Task, logger: Logger,
     return searched, picked, evo
 
 
-def reference(run: Run, task: Task, message: Callable[[str], None], tuned: Optional[dict] = None) -> Optional[dict]:
+def reference(run: Run, task: TaskSet, message: Callable[[str], None], tuned: Optional[dict] = None) -> Optional[dict]:
     """reference.json (None without ``normalize=baseline``), measured once so that a resumed run scores as before."""
     cfg, run_dir = run.cfg, run.run_dir
     # fitness.normalize: null normalises with several tasks, not with one
@@ -260,7 +260,7 @@ def tuning_field(name: str) -> str:
     return "baseline." + name.replace("search.", "tune.")
 
 
-def pick(run: Run, task: Task, evo: Evolution, state, message: Callable[[str], None]) -> dict:
+def pick(run: Run, task: TaskSet, evo: Evolution, state, message: Callable[[str], None]) -> dict:
     """Score the best members and the mean again on unused seeds (noise flattered the best most); export the best."""
     cfg, run_dir = run.cfg, run.run_dir
     report = _picked_earlier(run_dir, int(state.generation), cfg.fitness.validation_seeds)

@@ -22,10 +22,10 @@ from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from metarl import compilation, config as config_lib, devices, errors
-from metarl.cli import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
+from metarl.commands import EXIT_BAD_INPUT, STOP_SIGNALS, check_existing, fail
 from metarl.errors import ConfigError
 from metarl.logger import PARENT_RUN_ENV, MlflowRun
-from metarl.run import check, execute
+from metarl.run import check, run_locked
 from metarl.rundir import JsonFile, RunDir, atomic_write
 
 JOBS_DIR = "jobs"
@@ -62,7 +62,7 @@ def run_job(composed, hydra_cfg) -> float:
     print(f"\nsweep job {num}: {overrides or '(no overrides)'}", flush=True)
     try:
         cfg = dataclasses.replace(config_lib.from_composed(composed), run_dir=str(run_dir))
-        row["exit_code"] = execute(cfg, run_dir, check_existing(cfg, run_dir), named=True)
+        row["exit_code"] = run_locked(cfg, run_dir, check_existing(cfg, run_dir), named=True)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         row["exit_code"] = EXIT_BAD_INPUT

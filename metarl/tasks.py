@@ -117,7 +117,7 @@ def default_name(env: str, args: tuple | None, inner: dict) -> str:
 
 
 @dataclasses.dataclass
-class Task:
+class TaskSet:
     """What the outer loop evolves and how a member is scored, on one or several tasks."""
     kind: kinds.Kind
     algo: str
@@ -139,7 +139,7 @@ class Task:
     inner_config = property(lambda self: self.inner_configs[0])   # the first task's (a one-task run's only one)
 
 
-def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
+def build_task(cfg: RunConfig, specs: list | None = None) -> TaskSet:
     """Check and build all before compiling (ConfigError on bad settings); ``specs`` replaces the run's tasks."""
     specs = task_specs(cfg) if specs is None else specs
     kind = kinds.get(cfg.component.get("kind"))
@@ -157,11 +157,11 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
     template, init_mean, describe_search = kind.start(component, inners[0], cfg.es.init_mean, cfg.seed)
     trainers = [kind.trainer(module, inner, component) for inner in inners]
     baselines = [module.make_train(inner) for inner in inners]
-    return Task(kind=kind, algo=algo, component=component, trainer=module, specs=specs, inner_configs=inners,
-                template=template, init_mean=init_mean, statistic=stat, trainers=trainers, baselines=baselines,
-                fitness_fn=lambda meta, key: task_scores([make(meta) for make in trainers], stat, key),
-                control_fn=lambda key: task_scores(baselines, stat, key), describe_search=describe_search,
-                frames_per_eval=sum(trainer_protocol.frames_per_run(inner) for inner in inners))
+    return TaskSet(kind=kind, algo=algo, component=component, trainer=module, specs=specs, inner_configs=inners,
+                   template=template, init_mean=init_mean, statistic=stat, trainers=trainers, baselines=baselines,
+                   fitness_fn=lambda meta, key: task_scores([make(meta) for make in trainers], stat, key),
+                   control_fn=lambda key: task_scores(baselines, stat, key), describe_search=describe_search,
+                   frames_per_eval=sum(trainer_protocol.frames_per_run(inner) for inner in inners))
 
 
 # XLA keeps temporaries (minibatches, activations, scan carries) beside the storage; a rough factor, set so
@@ -169,7 +169,7 @@ def build_task(cfg: RunConfig, specs: list | None = None) -> Task:
 _XLA_OVERHEAD = 2
 
 
-def check_memory(cfg: RunConfig, task: Task, available_bytes: int | None, members_here: int) -> int:
+def check_memory(cfg: RunConfig, task: TaskSet, available_bytes: int | None, members_here: int) -> int:
     """Refuse a generation that cannot fit; returns the estimate in bytes. Rough on purpose: it catches a setting
     off by orders of magnitude before compiling. ``members_here``: this device's share of es.popsize."""
     floats = [trainer_protocol.memory_floats(inner) for inner in task.inner_configs]

@@ -79,7 +79,7 @@ RUN = {
 @pytest.fixture
 def step_scale_kind():
     kind = kinds.register(kinds.Kind("step_scale", seam="step_scale", component="test_kinds.StepScale",
-                                     baseline=lambda inner: "unscaled lr", plot=scale_figure))
+                                     baseline_label=lambda inner: "unscaled lr", plot=scale_figure))
     yield kind
     kinds.KINDS.pop(kind.name)
 
@@ -123,7 +123,7 @@ def test_an_unregistered_kind_names_the_registered_ones():
 
 # The same kind, named on the command line by its dotted path instead of registered in code.
 STEP_SCALE = kinds.Kind("step_scale", seam="step_scale", component="test_kinds.StepScale",
-                        baseline=lambda inner: "unscaled lr", plot=scale_figure)
+                        baseline_label=lambda inner: "unscaled lr", plot=scale_figure)
 
 
 @pytest.mark.timeout(300)

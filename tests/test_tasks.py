@@ -79,7 +79,8 @@ def test_the_schedule_kind_plots_its_learned_schedules_beside_ppos(tmp_path):
     from metarl import figures
 
     task = build_task(load("high_lr_schedule", []))
-    assert task.kind.name == "schedule" and task.kind.baseline(task.inner_configs[0]) == "PPO's hyperparameters (lr annealed)"
+    assert task.kind.name == "schedule"
+    assert task.kind.baseline_label(task.inner_configs[0]) == "PPO's hyperparameters (lr annealed)"
     meta = {k: jnp.array([0.5, -1.0, 0.0]) for k in task.init_mean}
     paths = figures.schedule_plots(tmp_path, None, task, meta, {}, tmp_path, 5.0)
     assert paths == [tmp_path / "schedule.png"] and paths[0].stat().st_size > 1000
