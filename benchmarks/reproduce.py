@@ -60,9 +60,13 @@ TASKS = {
                      "claim": "PureJaxRL's PPO matches CleanRL's on MinAtar-Breakout (Lu, PureJaxRL blog post, 2023)"},
     "dqn-cartpole": {"algo": "dqn", "config": None, "margin": 0.05,
                      "claim": "PureJaxRL's DQN learns CartPole-v1 with its default config (purejaxrl/dqn.py)"},
-    "dpo-minatar": {"algo": "dpo", "config": PPO_MINATAR, "games": DPO_GAMES,
+    "dpo-minatar": {"algo": "dpo", "config": PPO_MINATAR, "games": DPO_GAMES, "tune": "tuned-ppo",
                     "claim": "DPO beats PPO on MinAtar (Lu et al. 2022, Discovered Policy Optimisation, NeurIPS)"},
 }
+# The tuned PPO's search, per game: PureJaxRL's lr (5e-3) and two factors of 2 either side, each on its own
+# seeds (never the evaluation's), the best mean chosen; a choice at the grid's edge is flagged, since the
+# optimum may lie outside it.
+TUNE = {"field": "lr", "grid": (1.25e-3, 2.5e-3, 5e-3, 1e-2, 2e-2), "seeds": 4, "first_seed": 1000}
 ABLATIONS = ("none", "time-limit-terminal")
 WINDOW = 0.1  # the last 10% of updates
 EVAL_EPISODES = 32
@@ -192,15 +196,31 @@ def ppo_side(side: str, pjr: dict, env: str, total: int, ablation: str):
         family = DriftFamily(baseline="dpo", schedule=False)
         one, meta = make_train(config, policy_objective=family), {"policy_objective": family.init(None)}
     else:
-        one, meta = make_train(config), None
+        one, meta = make_train(config), {}
 
-    def final(seeds):
-        _, m = jax.jit(jax.vmap(lambda k: one(k, meta)))(jax.vmap(jax.random.key)(seeds))
+    def final(seeds, lrs=None):
+        """Per-seed final returns; with ``lrs`` (one per seed), each training at its own lr, in one program."""
+        lrs = jax.numpy.full(len(seeds), config.lr) if lrs is None else jax.numpy.asarray(lrs, jax.numpy.float32)
+        train = jax.vmap(lambda k, lr: one(k, {**meta, "lr": lr}))
+        _, m = jax.jit(train)(jax.vmap(jax.random.key)(jax.numpy.asarray(seeds)), lrs)
         ended = episodes_mean(m["episode_return"][:, -window:], m["episodes"][:, -window:], axis=1)
         # Where no episode ended in the window (Freeway's run 2,500 steps), the latest that did:
         # metarl's episode_return carries it over.
         return np.where(np.isnan(ended), m["episode_return"][:, -1], ended)
     return final, {f: getattr(config, f) for f in config.__dataclass_fields__}
+
+
+def tune(final, spec: dict = TUNE) -> dict:
+    """``spec``'s grid of lrs, each trained on ``spec``'s seeds (one program for all), the best mean chosen."""
+    grid, seeds = np.asarray(spec["grid"]), spec["first_seed"] + np.arange(spec["seeds"])
+    t0 = time.perf_counter()
+    values = np.asarray(final(np.tile(seeds, len(grid)), np.repeat(grid, len(seeds))), float).reshape(len(grid), -1)
+    means = np.nanmean(values, axis=1)
+    best = int(np.nanargmax(means))
+    return {"field": spec["field"], "grid": grid.tolist(), "seeds": seeds.tolist(),
+            "per_seed": np.round(values, 3).tolist(), "means": np.round(means, 3).tolist(),
+            "chosen": float(grid[best]), "at_edge": best in (0, len(grid) - 1), "trainings": int(values.size),
+            "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def greedy_returns(params, env_name: str, keys, episodes: int = EVAL_EPISODES):
@@ -296,7 +316,7 @@ def run(args, parser) -> None:
         peers.require(args.purejaxrl, "dqn" if algo == "dqn" else "ppo", parser.prog)
     import jax
     games = task.get("games") or [None]
-    sides = ("dpo", "ppo") if algo == "dpo" else ("metarl", "purejaxrl")
+    sides = ("dpo", "ppo", task["tune"]) if algo == "dpo" else ("metarl", "purejaxrl")
     record = {
         "task": args.task, "claim": task["claim"],
         "command": "python -m benchmarks.reproduce " + " ".join(without_checkout(sys.argv[1:])),
@@ -304,7 +324,7 @@ def run(args, parser) -> None:
         "final_return": (f"greedy policy of the final parameters, mean return over {EVAL_EPISODES} fresh episodes"
                          if algo == "dqn" else "mean return of the episodes that ended in the last 10% of updates"
                          + (" (where none ended there, the latest that did)" if algo == "dpo" else "")),
-        "test": ({"test": "direction", "level": 0.95} if algo == "dpo" else
+        "test": ({"test": "direction", "level": 0.95, "against": list(sides[1:])} if algo == "dpo" else
                  {"test": "equivalence (TOST)", "level": 0.90, "margin": task["margin"]}),
         "jax": jax.__version__, "machine": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()},
         "sides": {}, "verdict": None,
@@ -319,10 +339,19 @@ def run(args, parser) -> None:
                 (lambda: ppo_side(side, task["config"], env, total, args.ablation if side != "purejaxrl" else "none"))
             final, settings = build()
             entry = record["sides"][name] = {"env": env, "settings": settings, "per_seed": [], "seconds": []}
+            lr = None
+            if side == task.get("tune"):
+                log(f"{name}: tuning {TUNE['field']} over {TUNE['grid']} on seeds {TUNE['first_seed']}+")
+                entry["tuning"] = tuning = tune(final)
+                lr, settings["lr"] = tuning["chosen"], tuning["chosen"]
+                log(f"{name}: chose {TUNE['field']} {lr:g} (means {tuning['means']}, {tuning['seconds']:.0f} s)"
+                    + (": at the grid's edge, the optimum may lie beyond it" if tuning["at_edge"] else ""))
+                write(args.out, record)
             for start in range(0, args.seeds, args.batch):
                 chunk = seeds[start:start + args.batch]
                 t0 = time.perf_counter()
-                values = np.asarray(jax.device_get(final(jax.numpy.asarray(chunk))), float)
+                values = np.asarray(jax.device_get(final(chunk, None if lr is None else np.full(len(chunk), lr))),
+                                    float)
                 entry["per_seed"] += [round(float(v), 3) for v in values]
                 entry["seconds"].append(round(time.perf_counter() - t0, 1))
                 log(f"{name}: seeds {chunk[0]}-{chunk[-1]}: mean {np.nanmean(values):.2f} "
@@ -330,16 +359,20 @@ def run(args, parser) -> None:
                 write(args.out, record)
     record["machine"]["loadavg_end"] = os.getloadavg()
     record["verdict"] = verdict_of(record)
+    if task.get("tune"):
+        record["verdict_tuned"] = verdict_of(record, task["tune"])
     write(args.out, record)
-    log(f"verdict: {record['verdict']['verdict']} (ratio {record['verdict']['ratio']:.3f}, "
-        f"interval [{record['verdict']['interval'][0]:.3f}, {record['verdict']['interval'][1]:.3f}])")
+    for key in ("verdict", "verdict_tuned")[:1 + bool(task.get("tune"))]:
+        v = record[key]
+        log(f"{key}: {v['verdict']} (ratio {v['ratio']:.3f}, interval [{v['interval'][0]:.3f}, {v['interval'][1]:.3f}])")
 
 
-def verdict_of(record: dict) -> dict:
-    """``decide`` on a record's per-seed returns (the first side over the second, per game)."""
+def verdict_of(record: dict, against: str | None = None) -> dict:
+    """``decide`` on a record's per-seed returns: the first side over the second (or over ``against``), per game."""
     sides = record["sides"]
     names = list(sides)
-    first, second = sorted({n.split("/")[0] for n in names}, key=[n.split("/")[0] for n in names].index)
+    first, second = sorted({n.split("/")[0] for n in names}, key=[n.split("/")[0] for n in names].index)[:2]
+    second = against or second
     envs = list(dict.fromkeys(s["env"] for s in sides.values()))
     key = (lambda side, env: f"{side}/{env}") if "/" in names[0] else (lambda side, env: side)
     a = np.array([sides[key(first, e)]["per_seed"] for e in envs]).T
@@ -394,6 +427,8 @@ def row(record: dict) -> dict:
         out["sides"][name] = {"mean": float(values.mean()), "interval": stats.t_bounds(values),
                               "n": len(values), "minutes": sum(side["seconds"]) / 60}
     out["verdict"] = verdict_of(record) if record.get("verdict") else None
+    if record.get("verdict_tuned"):
+        out["verdict_tuned"] = verdict_of(record, record["test"]["against"][-1])
     return out
 
 
@@ -437,6 +472,20 @@ def table(paths) -> None:
             margin = f", margin {test['margin']:.0%}" if "margin" in test else ""
             print(f"verdict: **{v['verdict']}** ({v['test']}{margin}): ratio {v['ratio']:.3f}, "
                   f"{v['level']:.0%} interval [{v['interval'][0]:.3f}, {v['interval'][1]:.3f}]")
+        if "verdict_tuned" in r:
+            v, against = r["verdict_tuned"], record["test"]["against"][-1]
+            print()
+            print(f"against {against}: **{v['verdict']}** ({v['test']}): ratio {v['ratio']:.3f}, "
+                  f"{v['level']:.0%} interval [{v['interval'][0]:.3f}, {v['interval'][1]:.3f}]")
+            tunings = {s["env"]: s["tuning"] for s in record["sides"].values() if "tuning" in s}
+            first = next(iter(tunings.values()))
+            print()
+            print(f"{against}'s {first['field']}, per game the best mean over "
+                  + ", ".join(f"{g:g}" for g in first["grid"]) + f" on {len(first['seeds'])} seeds of its own: "
+                  + "; ".join(f"{env} {t['chosen']:g}" + (" (the grid's edge)" if t["at_edge"] else "")
+                              for env, t in tunings.items())
+                  + f" ({sum(t['trainings'] for t in tunings.values())} trainings, "
+                  + f"{sum(t['seconds'] for t in tunings.values()) / 60:.1f} minutes)")
         print()
 
 

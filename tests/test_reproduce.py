@@ -69,6 +69,40 @@ def test_a_record_is_decided_first_side_over_second_per_game():
     assert reproduce.verdict_of(tiny_record(ppo, dpo, games=games))["verdict"] == "contradicted"
 
 
+def test_the_tuning_chooses_the_best_mean_on_its_own_seeds_and_flags_the_grids_edge():
+    seen = []
+
+    def final(seeds, lrs):  # a return that peaks at lr 1e-2, plus seed noise
+        seen.append(np.asarray(seeds))
+        return 100 - 10 * np.log2(np.asarray(lrs) / 1e-2) ** 2 + np.asarray(seeds) % 3
+    inside = reproduce.tune(final)
+    assert inside["chosen"] == 1e-2 and not inside["at_edge"] and inside["trainings"] == 20
+    assert seen[0].min() >= 1000  # never the evaluation's seeds 0..N-1
+    edge = reproduce.tune(lambda seeds, lrs: np.log(np.asarray(lrs)))  # larger is always better
+    assert edge["chosen"] == 2e-2 and edge["at_edge"]
+
+
+def test_a_tuned_side_gets_its_own_verdict_and_line_on_the_page(tmp_path, capsys):
+    games = ["Asterix-MinAtar", "Breakout-MinAtar"]
+    dpo = np.stack([sample(12.0, 1.0, seed=s) for s in range(2)], axis=1)
+    ppo = np.stack([sample(10.0, 1.0, seed=2 + s) for s in range(2)], axis=1)
+    record = tiny_record(dpo, ppo, games=games)
+    for i, g in enumerate(games):  # a tuned PPO that beats DPO
+        record["sides"][f"tuned-ppo/{g}"] = {"env": g, "per_seed": list(sample(15.0, 1.0, seed=4 + i)),
+                                              "seconds": [1.0], "tuning": reproduce.tune(
+                                                  lambda seeds, lrs: -np.abs(np.log(np.asarray(lrs) / 5e-3)))}
+    record["test"]["against"] = ["ppo", "tuned-ppo"]
+    record["verdict"] = record["verdict_tuned"] = {"stored": True}  # row() recomputes both
+    assert reproduce.verdict_of(record)["verdict"] == "reproduced"
+    assert reproduce.verdict_of(record, "tuned-ppo")["verdict"] == "contradicted"
+    path = tmp_path / "r.json"
+    path.write_text(__import__("json").dumps(record))
+    reproduce.table([str(path)])
+    out = capsys.readouterr().out
+    assert "verdict: **reproduced**" in out and "against tuned-ppo: **contradicted**" in out
+    assert "Asterix-MinAtar 0.005; Breakout-MinAtar 0.005 (40 trainings" in out
+
+
 def test_episodes_mean_weights_by_episodes_and_is_nan_where_none_ended():
     returns = np.array([[10.0, 20.0, 99.0]])
     ended = np.array([[1, 3, 0]])
