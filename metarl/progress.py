@@ -33,28 +33,29 @@ def progress(description: str, total: Optional[int] = None, enabled: bool = True
 
 
 class Watchdog:
-    """Ends this process when a step runs over ``settings.factor`` times the longest per unit of work before it in
-    this process (and ``settings.min_seconds``): every thread's stack to ``stacks``, one line ending in ``then``,
-    exit ``EXIT_STALLED``. A thread, not faulthandler's own timer, whose exit code is always 1; it runs while the
-    main thread waits inside XLA, which releases the GIL. ``factor`` 0: off."""
+    """Ends this process when a step runs over ``settings.factor`` times the longest per unit of work of its ``kind``
+    before it (sides of an evaluation differ 100x per frame) and ``settings.min_seconds``: every thread's stack to
+    ``stacks``, one line ending in ``then``, exit ``EXIT_STALLED``. A thread, not faulthandler's timer (exit code
+    always 1); it runs while the main thread waits inside XLA, which releases the GIL. ``factor`` 0: off."""
 
     def __init__(self, settings, stacks: Path, then: str):
         self.factor, self.min_seconds, self.stacks, self.then = settings.factor, settings.min_seconds, stacks, then
-        self.rate = 0.0
+        self.rates: dict = {}
 
     @contextlib.contextmanager
-    def watch(self, what: str, work: float = 1.0):
-        limit = max(self.factor * self.rate * work, self.min_seconds)
+    def watch(self, what: str, work: float = 1.0, kind: str = ""):
+        rate = self.rates.get(kind, 0.0)
+        limit = max(self.factor * rate * work, self.min_seconds)
         timer = threading.Timer(limit, self._fire, (what, limit))
         timer.daemon = True
-        if self.factor and self.rate:  # the first step has nothing to be compared with
+        if self.factor and rate:  # the first step of its kind has nothing to be compared with
             timer.start()
         t = time.perf_counter()
         try:
             yield
         finally:
             timer.cancel()
-        self.rate = max(self.rate, (time.perf_counter() - t) / work)
+        self.rates[kind] = max(rate, (time.perf_counter() - t) / work)
 
     def _fire(self, what: str, limit: float) -> None:
         with open(self.stacks, "w") as f:

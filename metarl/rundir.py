@@ -373,8 +373,7 @@ def acquire_new(candidate: str | Path) -> RunLock:
 
 def unique_dir(path: Path) -> Path:
     """``path``, or ``path-2``, ``path-3``, ... if it exists (``acquire_new`` claims it)."""
-    candidate, n = path, 1
-    while candidate.exists():
+    n = 1
+    while (candidate := path if n == 1 else Path(f"{path}-{n}")).exists():
         n += 1
-        candidate = Path(f"{path}-{n}")
     return candidate

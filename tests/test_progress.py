@@ -52,3 +52,29 @@ def test_a_run_and_its_evaluation_show_their_waits_on_a_terminal(tmp_path, tiny_
     # piped, started once for this test and test_cli.py's (conftest.py).
     _, proc = tiny_value_loss_run
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+WATCHED = """
+import sys, time, types
+from pathlib import Path
+from metarl.progress import Watchdog
+dog = Watchdog(types.SimpleNamespace(factor=2.0, min_seconds=0.05), Path(sys.argv[1]), "then.")
+with dog.watch("cheap", 1.0, "adam"):
+    time.sleep(0.05)
+with dog.watch("costly", 1.0, "learned"):  # 20x the other kind's: the first of its kind, compared with nothing
+    time.sleep(1.0)
+print("survived", flush=True)
+with dog.watch("stalled", 1.0, "adam"):  # over 2x the longest of its own kind: stopped
+    time.sleep(3.0)
+print("not reached")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_watchdog_compares_a_step_only_with_steps_of_its_kind(tmp_path):
+    from metarl.progress import EXIT_STALLED
+    proc = subprocess.run([sys.executable, "-c", WATCHED, str(tmp_path / "stacks.txt")], capture_output=True,
+                          text=True, env=env_vars(), timeout=50)
+    assert proc.returncode == EXIT_STALLED and proc.stdout == "survived\n", (proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("error: stalled still running after"), proc.stderr
+    assert (tmp_path / "stacks.txt").read_text()
