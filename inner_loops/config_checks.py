@@ -57,14 +57,6 @@ def static(default: Any) -> Any:
     return struct.field(pytree_node=False, default=default)
 
 
-def concrete(x: Any) -> Optional[float]:
-    """The Python float of a scalar ``x``, or None when ``x`` is traced or not a scalar."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    arr = np.asarray(x)
-    return float(arr) if arr.ndim == 0 else None
-
-
 def check_fields(config: Any) -> None:
     """A ``SettingError`` naming the first field (in order) whose value its annotation refuses, by ``schema.validate``.
     A float hyperparameter is checked as a Python float, and not at all while traced (vmapped) or an array."""
@@ -73,9 +65,9 @@ def check_fields(config: Any) -> None:
         value = getattr(config, field.name)
         if field.metadata.get("pytree_node", True) and not isinstance(value, (str, bool)) and (
                 isinstance(value, (int, float)) or hasattr(value, "dtype")):
-            value = concrete(value)
-            if value is None:
+            if isinstance(value, jax.core.Tracer) or np.ndim(value):
                 continue
+            value = float(value)
         values[field.name] = value
     validate(type(config), values)
 
