@@ -1,80 +1,75 @@
-"""Shared pieces of the trainers' configs: static fields, and checks that skip traced values.
+"""Shared pieces of the trainers' configs: static fields, the constraints their fields declare, and their check.
 
 Every trainer config is a ``flax.struct.dataclass``: fields made with ``static`` set shapes or the
 program (changing them recompiles); plain float fields are pytree leaves that may be traced arrays,
-so ``jax.vmap`` over a population of hyperparameters compiles once. Checks see a traced value only
-as a tracer and leave it alone; they run on concrete values at the edge.
+so ``jax.vmap`` over a population of hyperparameters compiles once. Each field declares what it allows
+with pydantic's vocabulary (``Field(gt=0)``, ``Literal``), and ``check_fields`` checks the concrete values
+by ``schema.validate``, the run config's path; a traced value is left alone.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import math
+from typing import Annotated, Any, Optional
 
 import jax
 import numpy as np
 from flax import struct
+from pydantic import Field, WrapValidator
+from pydantic_core import ValidationError, core_schema
 
 from metarl.inner_loops.errors import SettingError
-from metarl.inner_loops.schema import INT32_MAX
+from metarl.inner_loops.schema import INT32_MAX, Problem, validate
+
+
+def _as_python(value: Any, handler: Any) -> Any:
+    """NumPy's integers and booleans and a list as Python's int, bool and tuple, which pydantic's strict types take;
+    a refusal shows the value as given."""
+    try:
+        return handler(value.item() if isinstance(value, (np.integer, np.bool_))
+                       else tuple(value) if isinstance(value, list) else value)
+    except ValidationError as err:
+        raise ValidationError.from_exception_data(err.title, [
+            {"type": e["type"], "loc": e["loc"], "input": value, **({"ctx": e["ctx"]} if "ctx" in e else {})}
+            for e in err.errors()]) from None
+
+
+AsPython = WrapValidator(_as_python)   # last in an ``Annotated``: around the constraints
+Flag = Annotated[bool, AsPython]
+Items = Annotated[tuple, AsPython]   # a tuple or a list
+Count = Annotated[int, Field(ge=1, le=INT32_MAX, description=f"an integer from 1 to {INT32_MAX}"), AsPython]
+# A float hyperparameter's range refuses inf and nan by its own description (pydantic's ``allow_inf_nan=False``
+# would say "a finite number"): ``lt=inf`` closes a range open above.
+Positive = Annotated[float, Field(gt=0, lt=math.inf, allow_inf_nan=True, description="> 0.0")]
+NonNegative = Annotated[float, Field(ge=0, lt=math.inf, allow_inf_nan=True, description=">= 0.0")]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=True, description=">= 0.0 and <= 1.0")]
+
+
+class Choice(Problem):
+    """``Annotated[Literal[...], Choice()]``: a string first (5 is refused as "a string"), then one of the
+    ``Literal``'s values; a refusal reads as ``text`` says (``Problem``), the value as given by default."""
+
+    def __get_pydantic_core_schema__(self, source, handler):
+        return core_schema.chain_schema([core_schema.str_schema(), handler(source)])
 
 
 def static(default: Any) -> Any:
     return struct.field(pytree_node=False, default=default)
 
 
-def concrete(x: Any) -> Optional[float]:
-    """The Python float of a scalar ``x``, or None when ``x`` is traced or not a scalar."""
-    if isinstance(x, jax.core.Tracer):
-        return None
-    arr = np.asarray(x)
-    return float(arr) if arr.ndim == 0 else None
-
-
-
-
-def check_positive_int(name: str, value: Any, minimum: int = 1) -> None:
-    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-            or not minimum <= value <= INT32_MAX):
-        raise SettingError(name, repr(value), f"an integer from {minimum} to {INT32_MAX}")
-
-
-_ALLOWED = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-            "tuple": "a list such as [64, 64]"}
-
-
-def _type_ok(kind: str, value: Any) -> bool:
-    if kind == "float":  # a Python number, or an array/tracer when vmapped over hyperparameters
-        return not isinstance(value, (bool, str)) and (isinstance(value, (int, float, np.number))
-                                                       or hasattr(value, "dtype"))
-    if kind == "int":
-        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    if kind == "bool":
-        return isinstance(value, (bool, np.bool_))
-    return isinstance(value, {"str": str, "tuple": (tuple, list)}[kind])
-
-
-def check_types(config: Any) -> None:
-    """One-line ValueError naming the first field whose value has the wrong type for its annotation
-    (e.g. a string where a learning rate goes), before any check does arithmetic on it."""
+def check_fields(config: Any) -> None:
+    """A ``SettingError`` naming the first field (in order) whose value its annotation refuses, by ``schema.validate``.
+    A float hyperparameter is checked as a Python float, and not at all while traced (vmapped) or an array."""
+    values = {}
     for field in dataclasses.fields(config):
-        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
         value = getattr(config, field.name)
-        if kind in _ALLOWED and not _type_ok(kind, value):
-            raise SettingError(field.name, repr(value), _ALLOWED[kind])
-
-
-def check_range(name: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
-                low_open: bool = False) -> None:
-    """One-line ValueError naming ``name`` unless ``value`` (when concrete) lies in the range."""
-    v = concrete(value)
-    if v is None:
-        return
-    too_low = low is not None and (v <= low if low_open else v < low)
-    too_high = high is not None and v > high
-    if too_low or too_high or not np.isfinite(v):
-        lo = "" if low is None else (f"> {low}" if low_open else f">= {low}")
-        hi = "" if high is None else f"<= {high}"
-        raise SettingError(name, repr(v), " and ".join(s for s in (lo, hi) if s) or "a finite number")
+        if field.metadata.get("pytree_node", True) and not isinstance(value, (str, bool)) and (
+                isinstance(value, (int, float)) or hasattr(value, "dtype")):
+            if isinstance(value, jax.core.Tracer) or np.ndim(value):
+                continue
+            value = float(value)
+        values[field.name] = value
+    validate(type(config), values)
 
 
 def with_overrides(config: Any, meta_params: Optional[dict], allowed: tuple) -> Any:

@@ -32,22 +32,23 @@ Usage::
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Annotated, Any, Literal, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import linen as nn
 from flax import struct
+from pydantic import Field
 
 from metarl.inner_loops import draws, envs, trainer
 from metarl.inner_loops.flat_mlp import Adam, FlatMLP, adam_init, adam_step
-from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
-from metarl.inner_loops.config_checks import check_range as _check_range
-from metarl.inner_loops.config_checks import check_types as _check_types
+from metarl.inner_loops.config_checks import AsPython, Choice, Count, Flag, Fraction, Items, NonNegative
+from metarl.inner_loops.config_checks import check_fields
 from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.config_checks import static as _static
 from metarl.inner_loops.errors import SettingError
+from metarl.inner_loops.schema import INT32_MAX, Problem, ok
 
 EPSILON_SCHEDULES = ("linear", "inverse")
 LOSSES = ("mse", "huber")
@@ -66,32 +67,35 @@ FLOAT_FIELDS = (
 
 @struct.dataclass
 class DQNConfig:
-    # Static: they set shapes, loop lengths or code paths.
+    # Static: they set shapes, loop lengths or code paths. Each annotation says what the field allows.
     env: str = _static("CartPole-v1")
-    env_kwargs: tuple = _static(())  # ((name, value), ...), passed to envs.make; hashable on purpose
-    total_timesteps: int = _static(100_000)  # environment steps, summed over the parallel envs
-    num_envs: int = _static(1)
-    buffer_size: int = _static(10_000)
-    batch_size: int = _static(64)
-    hidden: tuple = _static((64, 64))
-    learning_starts: int = _static(1_000)  # environment steps before the first update
-    target_update_period: int = _static(100)  # loop iterations (each steps every env once)
-    epsilon_schedule: str = _static("linear")
-    loss: str = _static("mse")
-    double_dqn: bool = _static(False)
-    log_interval: int = _static(5_000)  # environment steps per metrics row
+    env_kwargs: Items = _static(())  # ((name, value), ...), passed to envs.make; hashable on purpose
+    total_timesteps: Count = _static(100_000)  # environment steps, summed over the parallel envs
+    num_envs: Count = _static(1)
+    buffer_size: Count = _static(10_000)
+    batch_size: Count = _static(64)
+    hidden: Annotated[tuple, Field(min_length=1, description="e.g. (64, 64)"),
+                      ok(lambda sizes: all(isinstance(h, int) and h >= 1 for h in sizes)),
+                      Problem("{!r} must be a non-empty tuple of positive ints"), AsPython] = _static((64, 64))
+    learning_starts: Annotated[int, Field(ge=0, le=INT32_MAX, description=f"an integer from 0 to {INT32_MAX}"),
+                               AsPython] = _static(1_000)  # environment steps before the first update
+    target_update_period: Count = _static(100)  # loop iterations (each steps every env once)
+    epsilon_schedule: Annotated[Literal[EPSILON_SCHEDULES], Choice("unknown {!r}")] = _static("linear")
+    loss: Annotated[Literal[LOSSES], Choice("unknown {!r}")] = _static("mse")
+    double_dqn: Flag = _static(False)
+    log_interval: Count = _static(5_000)  # environment steps per metrics row
     # Unrolling the step loop trades compile time for fewer loop iterations; 2 compiles faster than 4
     # and runs as fast or faster (docs/studies/speed.md has the figures).
-    unroll: int = _static(2)
+    unroll: Count = _static(2)
     # Leaves.
-    lr: float = 5e-4
-    gamma: float = 0.99
-    tau: float = 1.0
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.05
-    epsilon_fraction: float = 0.2  # linear: share of total_timesteps over which epsilon decays
-    epsilon_decay_rate: float = 1e-3  # inverse: epsilon_start / (1 + rate * env_steps)
-    adam_eps: float = 1e-8
+    lr: NonNegative = 5e-4
+    gamma: Fraction = 0.99
+    tau: Fraction = 1.0
+    epsilon_start: Fraction = 1.0
+    epsilon_end: Fraction = 0.05
+    epsilon_fraction: Fraction = 0.2  # linear: share of total_timesteps over which epsilon decays
+    epsilon_decay_rate: NonNegative = 1e-3  # inverse: epsilon_start / (1 + rate * env_steps)
+    adam_eps: NonNegative = 1e-8
 
     @property
     def iterations_per_log(self) -> int:
@@ -118,20 +122,8 @@ class DQNConfig:
         return replay + self.batch_size * (2 * obs + max(self.hidden)) + 5 * net + 8 * self.num_logs
 
     def validate(self) -> "DQNConfig":
-        _check_types(self)
+        check_fields(self)
         envs.check_discrete_actions(self.env, dict(self.env_kwargs), "DQN")
-        if self.epsilon_schedule not in EPSILON_SCHEDULES:
-            raise SettingError("epsilon_schedule", f"unknown {self.epsilon_schedule!r}",
-                               ", ".join(EPSILON_SCHEDULES))
-        if self.loss not in LOSSES:
-            raise SettingError("loss", f"unknown {self.loss!r}", ", ".join(LOSSES))
-        for name in ("total_timesteps", "num_envs", "buffer_size", "batch_size", "target_update_period",
-                     "log_interval", "unroll"):
-            _check_positive_int(name, getattr(self, name))
-        _check_positive_int("learning_starts", self.learning_starts, minimum=0)
-        if not self.hidden or any(not isinstance(h, int) or h < 1 for h in self.hidden):
-            raise SettingError("hidden", f"{self.hidden!r} must be a non-empty tuple of positive ints",
-                               "e.g. (64, 64)")
         if self.log_interval % self.num_envs:
             raise SettingError("log_interval", f"{self.log_interval} is not a multiple of num_envs={self.num_envs}",
                                "k * num_envs")
@@ -141,10 +133,6 @@ class DQNConfig:
         if self.buffer_size % self.num_envs:
             raise SettingError("buffer_size", f"{self.buffer_size} is not a multiple of num_envs={self.num_envs}",
                                "k * num_envs")
-        for name in ("gamma", "tau", "epsilon_start", "epsilon_end", "epsilon_fraction"):
-            _check_range(name, getattr(self, name), low=0.0, high=1.0)
-        for name in ("lr", "epsilon_decay_rate", "adam_eps"):
-            _check_range(name, getattr(self, name), low=0.0)
         return self
 
 

@@ -27,7 +27,7 @@ replaces the config's value.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Annotated, Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,13 +35,13 @@ import numpy as np
 import optax
 from flax import struct
 from gymnax.environments import spaces
+from pydantic import Field
 
 from metarl.inner_loops import draws
 from metarl.inner_loops import envs as envs_lib
 from metarl.inner_loops import trainer
-from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
-from metarl.inner_loops.config_checks import check_range as _check_range
-from metarl.inner_loops.config_checks import check_types as _check_types
+from metarl.inner_loops.config_checks import AsPython, Choice, Count, Flag, Fraction, Items, NonNegative, Positive
+from metarl.inner_loops.config_checks import check_fields
 from metarl.inner_loops.config_checks import static as _static
 from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.components import (
@@ -65,35 +65,39 @@ from metarl.inner_loops.networks import (
     gaussian_log_prob,
 )
 from metarl.inner_loops.errors import SettingError
+from metarl.inner_loops.schema import ok
 
 
 @struct.dataclass
 class PPOConfig:
-    """PPO settings. Static fields recompile when changed; float fields may be traced arrays."""
+    """PPO settings. Static fields recompile when changed; float fields may be traced arrays. Each field's
+    annotation says what it allows (``config_checks``), checked by ``validate``."""
 
     env: str = _static("CartPole-v1")
-    env_kwargs: tuple = _static(())  # ((name, value), ...), passed to envs.make; hashable on purpose
-    num_envs: int = _static(4)
-    num_steps: int = _static(128)
-    total_timesteps: int = _static(500_000)
-    update_epochs: int = _static(4)
-    num_minibatches: int = _static(4)
-    hidden: tuple = _static((64, 64))
-    activation: str = _static("tanh")
-    anneal_lr: bool = _static(True)
-    clip_value_loss: bool = _static(True)
-    normalize_advantages: bool = _static(True)
+    env_kwargs: Items = _static(())  # ((name, value), ...), passed to envs.make; hashable on purpose
+    num_envs: Count = _static(4)
+    num_steps: Count = _static(128)
+    total_timesteps: Count = _static(500_000)
+    update_epochs: Count = _static(4)
+    num_minibatches: Count = _static(4)
+    hidden: Annotated[tuple, Field(min_length=1, description="a non-empty tuple of positive ints"),
+                      ok(lambda sizes: all(isinstance(h, (int, np.integer)) and h > 0 for h in sizes)),
+                      AsPython] = _static((64, 64))
+    activation: Annotated[Literal[ACTIVATIONS], Choice()] = _static("tanh")
+    anneal_lr: Flag = _static(True)
+    clip_value_loss: Flag = _static(True)
+    normalize_advantages: Flag = _static(True)
     # Unrolling the rollout scan trades compile time for fewer loop iterations per update; 2 is the
     # fastest for one agent on a CPU (docs/studies/speed.md has the figures).
-    unroll: int = _static(2)
+    unroll: Count = _static(2)
 
-    lr: float = 2.5e-4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_eps: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
+    lr: Positive = 2.5e-4
+    gamma: Fraction = 0.99
+    gae_lambda: Fraction = 0.95
+    clip_eps: Positive = 0.2
+    ent_coef: NonNegative = 0.01
+    vf_coef: NonNegative = 0.5
+    max_grad_norm: Positive = 0.5
 
     # --- derived sizes -----------------------------------------------------------------------------
     @property
@@ -126,29 +130,14 @@ class PPOConfig:
 
     def validate(self) -> "PPOConfig":
         """Raise a one-line ValueError naming the first bad field; traced values are not checked."""
-        _check_types(self)
+        check_fields(self)
         envs_lib.make(self.env, self.env_kwargs)
-        for name in ("num_envs", "num_steps", "total_timesteps", "update_epochs", "num_minibatches",
-                     "unroll"):
-            _check_positive_int(name, getattr(self, name))
         if self.total_timesteps < self.batch_size:
             raise SettingError("total_timesteps", f"{self.total_timesteps} is less than one update of "
                                f"num_envs * num_steps = {self.batch_size}", f">= {self.batch_size}")
         if self.batch_size % self.num_minibatches:
             raise SettingError("num_minibatches", f"{self.num_minibatches} does not divide the batch of "
                                f"num_envs * num_steps = {self.batch_size}", f"a divisor of {self.batch_size}")
-        if not self.hidden or any(not isinstance(h, (int, np.integer)) or h <= 0
-                                        for h in self.hidden):
-            raise SettingError("hidden", repr(self.hidden), "a non-empty tuple of positive ints")
-        if self.activation not in ACTIVATIONS:
-            raise SettingError("activation", repr(self.activation), ", ".join(ACTIVATIONS))
-        _check_range("lr", self.lr, low=0.0, low_open=True)
-        _check_range("gamma", self.gamma, low=0.0, high=1.0)
-        _check_range("gae_lambda", self.gae_lambda, low=0.0, high=1.0)
-        _check_range("clip_eps", self.clip_eps, low=0.0, low_open=True)
-        _check_range("ent_coef", self.ent_coef, low=0.0)
-        _check_range("vf_coef", self.vf_coef, low=0.0)
-        _check_range("max_grad_norm", self.max_grad_norm, low=0.0, low_open=True)
         return self
 
 

@@ -26,16 +26,15 @@ Usage::
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from pydantic import Field
 
 from metarl.inner_loops import envs, trainer
-from metarl.inner_loops.config_checks import check_positive_int as _check_positive_int
-from metarl.inner_loops.config_checks import check_range as _check_range
-from metarl.inner_loops.config_checks import check_types as _check_types
+from metarl.inner_loops.config_checks import Choice, Count, Fraction, Items, check_fields
 from metarl.inner_loops.config_checks import with_overrides
 from metarl.inner_loops.config_checks import static as _static
 from metarl.inner_loops.errors import SettingError
@@ -47,18 +46,18 @@ FLOAT_FIELDS = ("lr", "gamma", "epsilon", "q_init")
 
 @struct.dataclass
 class QLearningConfig:
-    # Static: they set shapes, loop lengths or code paths.
+    # Static: they set shapes, loop lengths or code paths. Each annotation says what the field allows.
     env: str = _static("GridWorld")
-    env_kwargs: tuple = _static(())  # ((name, value), ...), passed to envs.make; hashable on purpose
-    algorithm: str = _static("q_learning")
-    total_timesteps: int = _static(1_000_000)
-    log_interval: int = _static(10_000)  # steps per metrics row; random numbers are drawn per interval
-    unroll: int = _static(16)  # steps per compiled loop iteration
-    # Leaves.
-    lr: float = 0.1  # the step size of the tabular update (often written alpha)
-    gamma: float = 0.9
-    epsilon: float = 0.1
-    q_init: float = 0.0
+    env_kwargs: Items = _static(())  # ((name, value), ...), passed to envs.make; hashable on purpose
+    algorithm: Annotated[Literal[ALGORITHMS], Choice("unknown {!r}")] = _static("q_learning")
+    total_timesteps: Count = _static(1_000_000)
+    log_interval: Count = _static(10_000)  # steps per metrics row; random numbers are drawn per interval
+    unroll: Count = _static(16)  # steps per compiled loop iteration
+    # Leaves. lr, the step size of the tabular update (often written alpha): 0 never learns.
+    lr: Annotated[float, Field(gt=0, le=1, allow_inf_nan=True, description="> 0.0 and <= 1.0")] = 0.1
+    gamma: Fraction = 0.9
+    epsilon: Fraction = 0.1
+    q_init: float = 0.0   # any finite value
 
     @property
     def num_logs(self) -> int:
@@ -78,19 +77,11 @@ class QLearningConfig:
         return 8 * states * actions + 8 * self.num_logs
 
     def validate(self) -> "QLearningConfig":
-        _check_types(self)
+        check_fields(self)
         envs.check_tabular(self.env, dict(self.env_kwargs), "Q-learning")
-        if self.algorithm not in ALGORITHMS:
-            raise SettingError("algorithm", f"unknown {self.algorithm!r}", ", ".join(ALGORITHMS))
-        for name in ("total_timesteps", "log_interval", "unroll"):
-            _check_positive_int(name, getattr(self, name))
         if self.total_timesteps % self.log_interval:
             raise SettingError("total_timesteps", f"{self.total_timesteps} is not a multiple of "
                                f"log_interval={self.log_interval}", "k * log_interval")
-        _check_range("lr", self.lr, low=0.0, high=1.0, low_open=True)  # lr 0 never learns
-        _check_range("gamma", self.gamma, low=0.0, high=1.0)
-        _check_range("epsilon", self.epsilon, low=0.0, high=1.0)
-        _check_range("q_init", self.q_init)  # any finite value
         return self
 
 

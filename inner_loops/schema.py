@@ -1,7 +1,8 @@
 """Settings checked by pydantic: the one path from plain data to a dataclass of settings, for the harness's
-config and the driver's (``ESConfig``). Constraints are pydantic's own (``Field(gt=0)``, ``Literal``), or a check
-(``ok``) where they cannot say it; every refusal is a ``SettingError`` made from pydantic's error as data (its
-``loc``, ``type`` and ``ctx``), saying what is allowed by the field's ``Field(description=...)``."""
+config, the driver's (``ESConfig``) and the trainers' (``config_checks.check_fields``). Constraints are pydantic's
+own (``Field(gt=0)``, ``Literal``), or a check (``ok``) where they cannot say it; every refusal is a ``SettingError``
+made from pydantic's error as data (its ``loc``, ``type`` and ``ctx``), saying what is allowed by the field's
+``Field(description=...)``."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,11 +18,12 @@ from pydantic_core import PydanticCustomError, SchemaValidator, ValidationError
 from metarl.inner_loops.errors import SettingError
 
 # Sizes, counts and budgets become int32 inside JAX (loop bounds, array shapes, step counters); a field with a
-# range of its own (the seed's) keeps it.
+# range of its own (the seed's, a trainer's sizes) keeps it, and its refusal says its own range.
 INT32_MAX = 2**31 - 1
 # pydantic's errors as what is allowed: strict types (no "3" for 3, no 1 for true, no tuple for a list), finite numbers
 _ALLOWED = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "true or false",
-            "dict_type": "a mapping", "list_type": "a list", "finite_number": "a finite number"}
+            "dict_type": "a mapping", "list_type": "a list", "tuple_type": "a list such as [64, 64]",
+            "finite_number": "a finite number"}
 _STRICT = {"strict": True, "allow_inf_nan": False, "extra_fields_behavior": "forbid"}
 
 
@@ -34,6 +36,13 @@ def ok(check: Callable[[Any], Any]) -> AfterValidator:
     return AfterValidator(checked)
 
 
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """``Annotated`` metadata: how a refusal of the field's value reads, ``text.format(value)`` (``"unknown {!r}"``),
+    where it says more than the value; pydantic passes it by, ``validate`` reads it."""
+    text: str = "{!r}"
+
+
 def _int32(value):
     if type(value) is int and not -INT32_MAX - 1 <= value <= INT32_MAX:
         raise PydanticCustomError("int32", "beyond int32")
@@ -43,7 +52,8 @@ def _int32(value):
 def _adapted(node, in_union: bool = False):
     """pydantic's schema, ``_STRICT`` but taking each dataclass as a mapping (strict alone takes only
     instances), a Union's error that of its last type (the last one tried), ints within int32 (pydantic's
-    ``le``/``ge``, or a check after a Union, whose one error would hide its int's)."""
+    ``lt``/``ge`` where a field sets no ``le``/``ge`` of its own, or a check after a Union, whose one error would hide
+    its int's)."""
     if isinstance(node, dict) and node.get("type") == "dataclass":
         node.update(strict=False, config=_STRICT)
     if isinstance(node, dict) and node.get("type") == "union":
@@ -54,7 +64,9 @@ def _adapted(node, in_union: bool = False):
         node.update(type="function-after", function={"type": "no-info", "function": _int32}, schema=union)
         return node
     if isinstance(node, dict) and node.get("type") == "int" and not in_union:
-        node.setdefault("le", INT32_MAX), node.setdefault("ge", -INT32_MAX - 1)
+        if "le" not in node:
+            node.setdefault("lt", INT32_MAX + 1)
+        node.setdefault("ge", -INT32_MAX - 1)
     for child in node.values() if isinstance(node, dict) else node if isinstance(node, list) else ():
         _adapted(child, in_union)
     return node
@@ -111,9 +123,11 @@ def validate(tp, value):
         raise SettingError(field, "unknown setting", ", ".join(keys) + suggest(str(loc[-1]), keys))
     if kind == "dataclass_type":
         raise SettingError(field, repr(value), "a mapping of " + ", ".join(_keys(tp, loc)))
-    if kind == "int32" or INT32_MAX in (error.get("ctx", {}).get("le"), -1 - error.get("ctx", {}).get("ge", 0)):
+    if kind == "int32" or INT32_MAX in (error.get("ctx", {}).get("lt", 0) - 1, -1 - error.get("ctx", {}).get("ge", 0)):
         raise SettingError(field, str(value), f"an integer of at most {INT32_MAX}")
     if kind in _ALLOWED:
         raise SettingError(field, repr(value), _ALLOWED[kind])
+    annotation = _field_type(tp, loc)
+    problem = next((meta.text for meta in getattr(annotation, "__metadata__", ()) if isinstance(meta, Problem)), None)
     shown = "empty" if isinstance(value, str) and not value.strip() else repr(value)   # as given
-    raise SettingError(field, shown, _described(_field_type(tp, loc)) or error["msg"])
+    raise SettingError(field, problem.format(value) if problem else shown, _described(annotation) or error["msg"])

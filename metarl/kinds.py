@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from metarl.inner_loops import plugins
 from metarl.errors import ConfigError, layer_errors
-from metarl.inner_loops.config_checks import INT32_MAX
+from metarl.inner_loops.schema import INT32_MAX
 from metarl.outer_loops import streams
 from metarl.outer_loops.search_space import HyperparamSpace
 

@@ -1,13 +1,23 @@
 """Errors cross the layers as data: a lower layer's SettingError is re-named by its field, never by reading its text,
-and the config's checks (pydantic's constraints) become one line from pydantic's errors as data."""
+and the config's checks and the trainers' (pydantic's constraints) become one line from pydantic's errors as data."""
 import ast
+import dataclasses
+import typing
 from pathlib import Path
+from typing import Annotated, Literal
 
 import pytest
+from flax import struct
+from pydantic.fields import FieldInfo
 
 from metarl import config as config_lib
 from metarl.errors import ConfigError, LayerError, layer_errors
+from metarl.inner_loops import schema
+from metarl.inner_loops.dqn import DQNConfig
 from metarl.inner_loops.errors import SettingError
+from metarl.inner_loops.ppo import PPOConfig
+from metarl.inner_loops.q_learning import QLearningConfig
+from metarl.tasks import inner_config, task_specs
 
 METARL = Path(config_lib.__file__).parent
 
@@ -115,3 +125,52 @@ def test_pydantic_errors_become_one_line_naming_the_field(section, key, value, l
     with pytest.raises(ConfigError) as err:
         config_lib.from_dict(_with(section, key, value))
     assert str(err.value) == line
+
+
+@pytest.mark.parametrize("config_cls, key, value, line", [
+    (PPOConfig, "lr", 0.0, "lr: 0.0; allowed: > 0.0"),
+    (PPOConfig, "num_envs", 2**31, "num_envs: 2147483648; allowed: an integer from 1 to 2147483647"),
+    (DQNConfig, "gamma", float("nan"), "gamma: nan; allowed: >= 0.0 and <= 1.0"),
+    (DQNConfig, "learning_starts", -1, "learning_starts: -1; allowed: an integer from 0 to 2147483647"),
+    (QLearningConfig, "lr", 2.0, "lr: 2.0; allowed: > 0.0 and <= 1.0"),
+])
+def test_a_trainer_and_the_run_config_refuse_by_the_fields_declared_constraint(config_cls, key, value, line):
+    """One path: the field's annotation says what is allowed (pydantic's constraint and description), and the
+    trainer's ``validate()``, ``schema.validate`` and the run config's ``inner.KEY`` refuse through it, in its words."""
+    declared = FieldInfo.from_annotation(typing.get_type_hints(config_cls, include_extras=True)[key])
+    assert declared.metadata and line.endswith(f"; allowed: {declared.description}")
+    for refuse in (config_cls(**{key: value}).validate, lambda: schema.validate(config_cls, {key: value})):
+        with pytest.raises(SettingError) as err:
+            refuse()
+        assert str(err.value) == line
+    algo = {PPOConfig: "ppo", DQNConfig: "dqn", QLearningConfig: "q_learning"}[config_cls]
+    cfg = config_lib.from_dict({"experiment": "x", "env": "GridWorld", "inner": {"algo": algo, key: value}})
+    with pytest.raises(ConfigError) as err:
+        inner_config(cfg, task_specs(cfg)[0])
+    assert str(err.value) == f"inner.{line}"
+
+
+def _loosened(config_cls, names):
+    """``config_cls`` with the fields ``names`` annotated by their bare types (a ``Literal``'s by ``str``)."""
+    bare = typing.get_type_hints(config_cls)
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    namespace = {"__annotations__": {n: str if typing.get_origin(bare[n]) is Literal else bare[n] for n in names}}
+    namespace.update({n: fields[n].default if fields[n].metadata.get("pytree_node", True)
+                      else struct.field(pytree_node=False, default=fields[n].default) for n in names})
+    return struct.dataclass(type(f"Loose{config_cls.__name__}", (config_cls,), namespace))
+
+
+@pytest.mark.parametrize("config_cls", [PPOConfig, DQNConfig, QLearningConfig])
+def test_a_trainer_config_checks_no_constraint_beside_its_fields_annotations(config_cls):
+    """Loosen the float hyperparameters, the choices and the layer sizes to their bare types in a subclass, and
+    ``validate()`` takes the values their annotations refuse: no hand-made check stands beside the declarations."""
+    hints, bare = typing.get_type_hints(config_cls, include_extras=True), typing.get_type_hints(config_cls)
+    outside = {float: -1.0, tuple: (0,), Literal: "x"}
+    values = {name: outside[typing.get_origin(bare[name]) or bare[name]] for name in hints
+              if typing.get_origin(hints[name]) is Annotated and name != "env_kwargs"
+              and (typing.get_origin(bare[name]) or bare[name]) in outside}
+    assert len(values) >= 4   # Q-learning: algorithm, lr, gamma, epsilon
+    for name, value in values.items():
+        with pytest.raises(SettingError, match=f"^{name}: "):
+            config_cls(**{name: value}).validate()
+    _loosened(config_cls, list(values))(**values).validate()
