@@ -168,3 +168,11 @@ def test_the_page_summary_is_the_records():
         decided = reproduce.verdict_of(reproduce.load(os.path.join(ROOT, "docs", "studies", name)))
         assert decided["verdict"] == verdict, name
         assert [ratio, low, high] == [f"{x:.3f}" for x in (decided["ratio"], *decided["interval"])], name
+    tuned = re.findall(r"against the tuned PPO ratio ([\d.]+) \[([\d.]+), ([\d.]+)\], also \*\*(\w+)\*\*[^|]*\|[^|]*\| "
+                       r"\[`([\w/.-]+\.json)`\]", page)
+    assert tuned
+    for ratio, low, high, verdict, name in tuned:
+        record = reproduce.load(os.path.join(ROOT, "docs", "studies", name))
+        decided = reproduce.verdict_of(record, record["test"]["against"][-1])
+        assert decided["verdict"] == verdict, name
+        assert [ratio, low, high] == [f"{x:.3f}" for x in (decided["ratio"], *decided["interval"])], name
