@@ -131,7 +131,8 @@ def _train_sides(task, sides: list[Side], keys, mesh, watchdog):
         with progress(f"{where}training {keys.shape[0]} agents per task and side", total=len(compiled)) as bar:
             for side, run in sorted(compiled.items(), key=lambda item: item[0] == "random"):
                 t = time.perf_counter()
-                with watchdog.watch(f"{where}{side}'s training", frames_per_run(task.inner_configs[i]), side):
+                with watchdog.watch(f"{where}{side}'s training", frames_per_run(task.inner_configs[i]),
+                                   side + spec.env):   # per frame alike only on one env's network
                     curves[spec.name][side] = np.asarray(jax.device_get(run(keys, programs[side][1])), float)
                 seconds[spec.name][side] = time.perf_counter() - t
                 bar.update()

@@ -34,9 +34,8 @@ def progress(description: str, total: Optional[int] = None, enabled: bool = True
 
 class Watchdog:
     """Ends this process when a step runs over ``settings.factor`` times the longest per unit of work of its ``kind``
-    before it (sides of an evaluation differ 100x per frame) and ``settings.min_seconds``: every thread's stack to
-    ``stacks``, one line ending in ``then``, exit ``EXIT_STALLED``. A thread, not faulthandler's timer (exit code
-    always 1); it runs while the main thread waits inside XLA, which releases the GIL. ``factor`` 0: off."""
+    before it (and ``settings.min_seconds``): every thread's stack to ``stacks``, one line ending in ``then``, exit
+    ``EXIT_STALLED``. A thread (faulthandler's own timer exits 1), running while XLA releases the GIL. 0: off."""
 
     def __init__(self, settings, stacks: Path, then: str):
         self.factor, self.min_seconds, self.stacks, self.then = settings.factor, settings.min_seconds, stacks, then
